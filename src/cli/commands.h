@@ -1,0 +1,14 @@
+#pragma once
+// Each subcommand lives in its own file (cli/cmd_<name>.cpp) and registers itself here.
+#include <CLI/CLI.hpp>
+
+namespace kiln::cli {
+
+void register_commands(CLI::App& app);
+
+// One registration function per subcommand file.
+void register_info(CLI::App& app);
+void register_tensor(CLI::App& app);
+void register_quantize(CLI::App& app);
+
+}  // namespace kiln::cli
