@@ -1,0 +1,39 @@
+#pragma once
+// Matrix products against weights of any ggml type, read in their block layout.
+//
+//   y[t][o] = sum_i W[o][i] * x[t][i]      t < n_tokens, o < rows, i < cols
+//
+// W: `rows` rows of `cols` elements of `type`, row r at (uint8_t*)w + r * w_row_bytes.
+// x: n_tokens rows of `cols` f32, row t at x + t * x_stride.
+// y: n_tokens rows of `rows` f32, row t at y + t * y_stride.
+// Work is split over `pool`. Quantized weight types may quantize x internally (as ggml
+// does, to q8 formats) — results then agree with matmul_reference to ~1e-2 relative;
+// f32 / f16 / bf16 weights keep x in f32.
+#include <cstddef>
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "quant/types.h"
+
+namespace kiln::cpu {
+
+struct MatmulArgs {
+  GgmlType type;
+  const void* w;
+  size_t w_row_bytes;
+  int64_t rows, cols;
+  const float* x;
+  int64_t x_stride;
+  int64_t n_tokens;
+  float* y;
+  int64_t y_stride;
+};
+
+// The fast path: SIMD, multi-threaded.
+void matmul(const MatmulArgs& args, ThreadPool& pool);
+
+// The definition: each weight row dequantized with the scalar reference, dot products in
+// double precision. Single-threaded and slow; tests compare against it.
+void matmul_reference(const MatmulArgs& args);
+
+}  // namespace kiln::cpu
