@@ -1,0 +1,31 @@
+#pragma once
+// The quantization zoo (../shared/testdata/quant/zoo, made by ggml): its index and files.
+#include <cstdint>
+#include <filesystem>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace kiln::testing {
+
+struct ZooEntry {
+  std::string name;  // ggml type name, e.g. "q4_K"
+  uint32_t id = 0;   // ggml type id
+  int64_t rows = 0, cols = 0;
+  bool uses_imatrix = false;
+  double rmse = 0;   // ggml's round-trip RMSE on src.f32: the bar for kiln's quantizer
+};
+
+// gtest prints parameters with this (by name) instead of dumping their bytes.
+inline void PrintTo(const ZooEntry& e, std::ostream* os) { *os << e.name; }
+
+// Entries of zoo/index.tsv; empty when the reference data is absent.
+std::vector<ZooEntry> zoo_index();
+
+std::vector<uint8_t> read_bytes(const std::filesystem::path& path);
+std::vector<float> read_floats(const std::filesystem::path& path);
+
+// For parameterized test names: "q4_K" -> "q4_K" (already valid), "(absent)" -> "absent".
+std::string test_name_of(const std::string& type_name);
+
+}  // namespace kiln::testing
