@@ -3,7 +3,8 @@
 namespace kiln::cli {
 
 void register_commands(CLI::App& app) {
-  (void)app;
+  register_info(app);
+  register_tensor(app);
 }
 
 }  // namespace kiln::cli
