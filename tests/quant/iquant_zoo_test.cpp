@@ -1,0 +1,179 @@
+// The i-quant types against ggml's own output (../shared/testdata/quant/zoo):
+// - dequantizing ggml's <type>.q must give ggml's <type>.deq.f32 bit for bit, through the
+//   scalar reference and through dequantize_row (the SIMD path where there is one);
+// - kiln's iq4_nl / iq4_xs quantizer on src.f32 must reach ggml's round-trip RMSE (within
+//   2%), and, since it follows ggml's algorithm step for step, write ggml's bytes.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "quant/quant.h"
+#include "quant/types.h"
+#include "support/testdata.h"
+
+namespace kiln {
+namespace {
+
+std::vector<uint8_t> iquant_read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<float> iquant_read_f32(const std::filesystem::path& path) {
+  const std::vector<uint8_t> bytes = iquant_read_file(path);
+  std::vector<float> values(bytes.size() / sizeof(float));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+  return values;
+}
+
+// One line of zoo/index.tsv.
+struct IquantZooRow {
+  uint32_t id = 0;
+  int64_t rows = 0, cols = 0;
+  bool uses_imatrix = false;
+  double rmse = 0;
+  bool found = false;
+};
+
+IquantZooRow iquant_zoo_row(const std::filesystem::path& index, const std::string& name) {
+  std::ifstream in(index);
+  std::string line;
+  std::getline(in, line);  // header: type id blck_size type_size rows cols bytes uses_imatrix rmse
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string type;
+    IquantZooRow row;
+    uint32_t block_size, type_size;
+    int64_t bytes;
+    int imatrix;
+    fields >> type >> row.id >> block_size >> type_size >> row.rows >> row.cols >> bytes >>
+        imatrix >> row.rmse;
+    if (type != name) continue;
+    row.uses_imatrix = imatrix != 0;
+    row.found = true;
+    return row;
+  }
+  return {};
+}
+
+std::string float_with_bits(float v) {
+  std::ostringstream s;
+  s << std::setprecision(9) << v << " (0x" << std::hex << std::bit_cast<uint32_t>(v) << ")";
+  return s.str();
+}
+
+// Compares bit for bit; prints the first mismatches with row, column and both values.
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, int64_t cols,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(want[i])) continue;
+    if (++mismatches <= 10)
+      ADD_FAILURE() << what << ": row " << int64_t(i) / cols << " column " << int64_t(i) % cols
+                    << ": kiln " << float_with_bits(got[i]) << ", ggml " << float_with_bits(want[i]);
+  }
+  EXPECT_EQ(mismatches, 0) << what << ": values differing from ggml, of " << got.size();
+}
+
+class IquantZooDequant : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(IquantZooDequant, MatchesGgmlBitForBit) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(index, "quant/zoo/index.tsv");
+  KILN_REQUIRE_TESTDATA(q_path, "quant/zoo/" + name + ".q");
+  KILN_REQUIRE_TESTDATA(deq_path, "quant/zoo/" + name + ".deq.f32");
+  const IquantZooRow zoo = iquant_zoo_row(index, name);
+  ASSERT_TRUE(zoo.found) << name << " is not in zoo/index.tsv";
+  const std::optional<GgmlType> type = type_from_name(name);
+  ASSERT_TRUE(type) << name;
+  ASSERT_EQ(uint32_t(*type), zoo.id) << name;
+
+  const std::vector<uint8_t> quantized = iquant_read_file(q_path);
+  const std::vector<float> want = iquant_read_f32(deq_path);
+  const size_t row_size = *row_bytes(*type, zoo.cols);
+  ASSERT_EQ(quantized.size(), row_size * zoo.rows) << q_path;
+  ASSERT_EQ(want.size(), size_t(zoo.rows * zoo.cols)) << deq_path;
+
+  std::vector<float> reference(want.size()), fast(want.size());
+  for (int64_t r = 0; r < zoo.rows; ++r) {
+    const uint8_t* src = quantized.data() + r * row_size;
+    dequantize_row_reference(*type, src, reference.data() + r * zoo.cols, zoo.cols);
+    dequantize_row(*type, src, fast.data() + r * zoo.cols, zoo.cols);
+  }
+  expect_same_bits(reference, want, zoo.cols, name + " reference");
+  expect_same_bits(fast, want, zoo.cols, name + " dequantize_row");
+}
+
+INSTANTIATE_TEST_SUITE_P(Iquants, IquantZooDequant,
+                         ::testing::Values("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s",
+                                           "iq3_xxs", "iq3_s", "iq4_nl", "iq4_xs"),
+                         [](const auto& info) { return std::string(info.param); });
+
+class IquantZooQuantize : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(IquantZooQuantize, ReachesGgmlErrorAndBytes) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(index, "quant/zoo/index.tsv");
+  KILN_REQUIRE_TESTDATA(src_path, "quant/zoo/src.f32");
+  KILN_REQUIRE_TESTDATA(q_path, "quant/zoo/" + name + ".q");
+  KILN_REQUIRE_TESTDATA(imatrix_path, "quant/zoo/imatrix.f32");
+  const IquantZooRow zoo = iquant_zoo_row(index, name);
+  ASSERT_TRUE(zoo.found) << name << " is not in zoo/index.tsv";
+  const GgmlType type = *type_from_name(name);
+  ASSERT_TRUE(can_quantize(type)) << name;
+
+  const std::vector<float> src = iquant_read_f32(src_path);
+  const std::vector<float> imatrix = iquant_read_f32(imatrix_path);
+  const std::vector<uint8_t> ggml_bytes = iquant_read_file(q_path);
+  ASSERT_EQ(src.size(), size_t(zoo.rows * zoo.cols));
+  ASSERT_EQ(imatrix.size(), size_t(zoo.cols));
+  const size_t row_size = *row_bytes(type, zoo.cols);
+
+  std::vector<uint8_t> bytes(row_size * zoo.rows);
+  std::vector<float> round_trip(src.size());
+  for (int64_t r = 0; r < zoo.rows; ++r) {
+    quantize_row(type, src.data() + r * zoo.cols, bytes.data() + r * row_size, zoo.cols,
+                 zoo.uses_imatrix ? imatrix.data() : nullptr);
+    dequantize_row_reference(type, bytes.data() + r * row_size, round_trip.data() + r * zoo.cols,
+                             zoo.cols);
+  }
+  double sum_sq = 0;
+  for (size_t i = 0; i < src.size(); ++i) sum_sq += double(src[i] - round_trip[i]) * (src[i] - round_trip[i]);
+  const double rmse = std::sqrt(sum_sq / double(src.size()));
+  RecordProperty("kiln_rmse", std::to_string(rmse));
+  RecordProperty("ggml_rmse", std::to_string(zoo.rmse));
+  // Bound: ggml's own round-trip error on the same data, with 2% slack.
+  EXPECT_LE(rmse, 1.02 * zoo.rmse) << name << ": kiln RMSE " << rmse << ", ggml " << zoo.rmse;
+
+  // The quantizer follows ggml's algorithm with the same float operations in the same order,
+  // so it must write the same bytes. Print the first differing blocks.
+  const size_t block_bytes = traits(type).type_size;
+  int differing_blocks = 0;
+  for (size_t b = 0; b < bytes.size() / block_bytes; ++b) {
+    if (std::memcmp(bytes.data() + b * block_bytes, ggml_bytes.data() + b * block_bytes,
+                    block_bytes) == 0)
+      continue;
+    if (++differing_blocks <= 5) {
+      size_t at = 0;
+      while (bytes[b * block_bytes + at] == ggml_bytes[b * block_bytes + at]) ++at;
+      ADD_FAILURE() << name << ": block " << b << " differs from ggml's, first at byte " << at
+                    << ": kiln 0x" << std::hex << int(bytes[b * block_bytes + at]) << ", ggml 0x"
+                    << int(ggml_bytes[b * block_bytes + at]);
+    }
+  }
+  EXPECT_EQ(differing_blocks, 0) << name << ": blocks differing from ggml's .q";
+}
+
+INSTANTIATE_TEST_SUITE_P(Iq4, IquantZooQuantize, ::testing::Values("iq4_nl", "iq4_xs"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
+}  // namespace kiln
