@@ -1,0 +1,128 @@
+// SentencePiece-style BPE, as llama.cpp's SPM tokenizer does it.
+//
+// The text (spaces already replaced by U+2581) starts as one symbol per UTF-8 character.
+// Every adjacent pair whose concatenation is a vocabulary token is a candidate, ranked by
+// that token's score (higher first; ties: the leftmost pair). The best candidate is merged
+// and the new neighbours become candidates, until none is left. A final symbol that is not
+// a token is written as byte tokens <0xNN> (or <unk> when the vocabulary has none).
+#include <queue>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+#include "tokenizer/tokenizer_model.h"
+#include "tokenizer/unicode.h"
+
+namespace kiln {
+
+namespace {
+
+struct Symbol {
+  int32_t prev;
+  int32_t next;
+  uint32_t offset;  // into the text
+  uint32_t length;  // bytes; 0 once merged into its left neighbour
+};
+
+struct Candidate {
+  float score;
+  int32_t left;
+  int32_t right;
+  uint32_t length;  // of the merged text, to detect a stale candidate
+};
+
+struct CandidateOrder {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    // priority_queue pops the "largest": highest score, then the smallest left index.
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  }
+};
+
+class SentencePieceModel final : public TokenizerModel {
+ public:
+  SentencePieceModel(const VocabSpec& spec, const TokenIndex& index) : spec_(spec), index_(index) {
+    char name[8];
+    for (int b = 0; b < 256; ++b) {
+      snprintf(name, sizeof(name), "<0x%02X>", b);
+      auto it = index_.find(std::string_view(name));
+      if (it == index_.end()) it = index_.find(std::string_view(reinterpret_cast<const char*>(&b), 1));
+      byte_tokens_[b] = it != index_.end() ? it->second : spec_.special.unk;
+    }
+  }
+
+  void encode(std::string_view text, std::vector<int32_t>& out) const override {
+    if (text.empty()) return;
+    KILN_CHECK(text.size() < (size_t{1} << 31), "sentencepiece: text of {} bytes is too long",
+               text.size());
+    std::vector<Symbol> symbols;
+    symbols.reserve(text.size());
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t len = std::min(unicode::sequence_length(static_cast<uint8_t>(text[pos])),
+                                  text.size() - pos);
+      const int32_t i = static_cast<int32_t>(symbols.size());
+      symbols.push_back({i - 1, pos + len == text.size() ? -1 : i + 1, static_cast<uint32_t>(pos),
+                         static_cast<uint32_t>(len)});
+      pos += len;
+    }
+
+    std::vector<Candidate> storage;
+    storage.reserve(symbols.size());
+    std::priority_queue<Candidate, std::vector<Candidate>, CandidateOrder> queue(
+        CandidateOrder{}, std::move(storage));
+    const auto consider = [&](int32_t left, int32_t right) {
+      if (left < 0 || right < 0) return;
+      const Symbol& a = symbols[left];
+      const Symbol& b = symbols[right];
+      const std::string_view merged = text.substr(a.offset, a.length + b.length);
+      const auto it = index_.find(merged);
+      if (it == index_.end()) return;
+      const float score = spec_.scores.empty() ? 0.0f : spec_.scores[it->second];
+      queue.push({score, left, right, static_cast<uint32_t>(merged.size())});
+    };
+    for (int32_t i = 1; i < static_cast<int32_t>(symbols.size()); ++i) consider(i - 1, i);
+
+    while (!queue.empty()) {
+      const Candidate c = queue.top();
+      queue.pop();
+      Symbol& left = symbols[c.left];
+      Symbol& right = symbols[c.right];
+      if (left.length == 0 || right.length == 0 || left.length + right.length != c.length) continue;
+      left.length += right.length;
+      right.length = 0;
+      left.next = right.next;
+      if (right.next >= 0) symbols[right.next].prev = c.left;
+      consider(left.prev, c.left);
+      consider(c.left, left.next);
+    }
+
+    for (int32_t i = 0; i != -1; i = symbols[i].next) {
+      const Symbol& s = symbols[i];
+      const std::string_view piece = text.substr(s.offset, s.length);
+      const auto it = index_.find(piece);
+      if (it != index_.end()) {
+        out.push_back(it->second);
+        continue;
+      }
+      for (unsigned char byte : piece) {
+        const int32_t id = byte_tokens_[byte];
+        KILN_CHECK(id != kNoToken,
+                   "sentencepiece: byte 0x{:02X} has no token and the vocabulary has no <unk>", byte);
+        out.push_back(id);
+      }
+    }
+  }
+
+ private:
+  const VocabSpec& spec_;
+  const TokenIndex& index_;
+  int32_t byte_tokens_[256];
+};
+
+}  // namespace
+
+std::unique_ptr<TokenizerModel> make_sentencepiece_model(const VocabSpec& spec,
+                                                         const TokenIndex& index) {
+  return std::make_unique<SentencePieceModel>(spec, index);
+}
+
+}  // namespace kiln
