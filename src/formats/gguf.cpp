@@ -4,7 +4,6 @@
 #include <cinttypes>
 #include <filesystem>
 #include <limits>
-#include <regex>
 
 #include "core/error.h"
 #include "formats/byte_reader.h"
@@ -83,16 +82,35 @@ Value read_value(ByteReader& r, ValueType type, std::string_view key, int depth)
 
 std::string describe(std::string_view key) { return key.empty() ? std::string("value") : fmt::format("key '{}'", key); }
 
-// Paths of all parts when `path` names one part of a split model, else just `path`.
+// The names of all parts of a split model, given the name of one part
+// (prefix-NNNNN-of-MMMMM.gguf) and the part count its metadata states.
 std::vector<std::string> split_part_paths(const std::string& path, uint64_t count) {
-  static const std::regex pattern(R"((.*)-(\d{5})-of-(\d{5})\.gguf)");
-  std::smatch m;
-  if (!std::regex_match(path, m, pattern))
+  // Parsed by hand: the name is untrusted and may be long, so no backtracking regex.
+  constexpr std::string_view kSuffix = ".gguf";
+  constexpr size_t kTail = 1 + 5 + 4 + 5 + kSuffix.size();  // "-NNNNN-of-MMMMM.gguf"
+  const auto is_digits = [](std::string_view s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const std::string_view tail = path.size() >= kTail ? std::string_view(path).substr(path.size() - kTail) : "";
+  if (tail.size() != kTail || tail[0] != '-' || tail.substr(6, 4) != "-of-" || !tail.ends_with(kSuffix) ||
+      !is_digits(tail.substr(1, 5)) || !is_digits(tail.substr(10, 5)))
     fail("{}: metadata says the model is split into {} files, but the file name does not end in "
          "-NNNNN-of-NNNNN.gguf, so the other parts cannot be found", path, count);
+  const uint64_t named_count = std::stoull(std::string(tail.substr(10, 5)));
+  if (named_count != count)
+    fail("{}: the file name says {} parts but its split.count says {}", path, named_count, count);
+  const std::string prefix = path.substr(0, path.size() - kTail);
   std::vector<std::string> out;
-  for (uint64_t i = 1; i <= count; ++i) out.push_back(fmt::format("{}-{:05d}-of-{:05d}.gguf", m[1].str(), i, count));
+  for (uint64_t i = 1; i <= count; ++i) out.push_back(fmt::format("{}-{:05d}-of-{:05d}.gguf", prefix, i, count));
   return out;
+}
+
+// An integer metadata value, or an error naming the file and key.
+int64_t int_value(const ByteReader& r, const Value& v, std::string_view key) {
+  if (!v.is_integer()) r.error("key '{}': expected an integer, found {}", key, value_type_name(v.type));
+  if (v.type == ValueType::U64 && v.num.u > uint64_t(std::numeric_limits<int64_t>::max()))
+    r.error("key '{}': value {} is too large", key, v.num.u);
+  return v.as_int(key);
 }
 
 }  // namespace
@@ -163,35 +181,59 @@ int64_t TensorInfo::elements() const {
   return n;
 }
 
-std::unique_ptr<File> File::open(const std::string& path) {
-  std::unique_ptr<File> file(new File());
-  file->maps_.emplace_back(path);
-  file->paths_.push_back(path);
-  file->parse_part(0, true);
+std::unique_ptr<File> File::open(const std::string& path) { return open_split(path, true); }
 
-  const Value* count_value = file->find("split.count");
-  const uint64_t count = count_value ? uint64_t(count_value->as_int("split.count")) : 1;
-  if (count > 1) {
-    if (count > 9999) fail("{}: split.count {} is absurd", path, count);
-    const std::vector<std::string> parts = split_part_paths(path, count);
-    // Start over from part 1 when given another part.
-    if (std::filesystem::path(parts[0]).lexically_normal() != std::filesystem::path(path).lexically_normal())
-      return open(parts[0]);
-    for (size_t i = 1; i < parts.size(); ++i) {
-      file->maps_.emplace_back(parts[i]);
-      file->paths_.push_back(parts[i]);
-      file->parse_part(i, false);
-    }
-    if (const Value* total = file->find("split.tensors.count"); total && size_t(total->as_int()) != file->tensors_.size())
-      fail("{}: split.tensors.count says {} tensors, the {} parts hold {}", path, total->as_int(), count,
+std::unique_ptr<File> File::open_memory(std::span<const uint8_t> bytes, const std::string& name) {
+  std::unique_ptr<File> file(new File());
+  file->parts_.push_back(bytes);
+  file->paths_.push_back(name);
+  const PartSplit split = file->parse_part(0, true);
+  if (split.count > 1) fail("{}: a part of a split model ({} parts) cannot be opened from memory", name, split.count);
+  return file;
+}
+
+void File::add_part(const std::string& path) {
+  maps_.emplace_back(path);
+  parts_.push_back(maps_.back().bytes());
+  paths_.push_back(path);
+}
+
+// `allow_restart`: when `path` is not the first part, reopen from the first part (once;
+// a first part that names yet another first part is an error, not an endless loop).
+std::unique_ptr<File> File::open_split(const std::string& path, bool allow_restart) {
+  std::unique_ptr<File> file(new File());
+  file->add_part(path);
+  const PartSplit first = file->parse_part(0, true);
+  if (first.count <= 1) return file;
+
+  if (first.count > 9999) fail("{}: split.count {} is absurd", path, first.count);
+  const std::vector<std::string> parts = split_part_paths(path, first.count);
+  if (std::filesystem::path(parts[0]).lexically_normal() != std::filesystem::path(path).lexically_normal()) {
+    if (!allow_restart) fail("{}: split.count says {} parts, but this first part's name disagrees", path, first.count);
+    return open_split(parts[0], false);
+  }
+  if (first.no != 0) fail("{}: split.no is {} in the first part of a split model (expected 0)", path, first.no);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    file->add_part(parts[i]);
+    const PartSplit split = file->parse_part(i, false);
+    if (split.no != i)
+      fail("{}: split.no is {} but this is part {} of the model (split.no counts from 0)", parts[i], split.no, i + 1);
+    if (split.count != first.count)
+      fail("{}: split.count is {} but the first part says {}", parts[i], split.count, first.count);
+  }
+  if (const Value* total = file->find("split.tensors.count")) {
+    const bool fits = total->is_integer() && !(total->type == ValueType::U64 && total->num.u > uint64_t(INT64_MAX));
+    if (!fits || total->as_int() != int64_t(file->tensors_.size()))
+      fail("{}: split.tensors.count says {} tensors, the {} parts hold {}", path,
+           fits ? fmt::to_string(total->as_int()) : std::string("(not an integer)"), first.count,
            file->tensors_.size());
   }
   return file;
 }
 
-void File::parse_part(size_t part, bool first) {
-  const MappedFile& map = maps_[part];
-  ByteReader r(map.bytes(), map.path());
+File::PartSplit File::parse_part(size_t part, bool first) {
+  const std::span<const uint8_t> bytes = parts_[part];
+  ByteReader r(bytes, paths_[part]);
 
   const uint32_t magic = r.read<uint32_t>("magic");
   if (magic != kMagic) {
@@ -212,7 +254,7 @@ void File::parse_part(size_t part, bool first) {
   if (n_tensors > r.remaining() / 24) r.error("tensor count {} cannot fit in a file of {} bytes", n_tensors, r.size());
 
   uint32_t alignment = 32;
-  uint64_t split_no = 0;
+  PartSplit split;
   for (uint64_t k = 0; k < n_kv; ++k) {
     const size_t key_offset = r.offset();
     const std::string key(read_string(r, "metadata key"));
@@ -224,11 +266,15 @@ void File::parse_part(size_t part, bool first) {
     if (!known_value_type(type)) r.error("key '{}': unknown value type {}", key, type);
     Value v = read_value(r, ValueType(type), key, 0);
     if (key == "general.alignment") {
-      const int64_t a = v.as_int(key);
+      const int64_t a = int_value(r, v, key);
       if (a <= 0 || a > (1 << 20) || (a & (a - 1)) != 0) r.error("general.alignment {} is not a power of two", a);
       alignment = uint32_t(a);
     }
-    if (key == "split.no") split_no = uint64_t(v.as_int(key));
+    if (key == "split.no" || key == "split.count") {
+      const int64_t n = int_value(r, v, key);
+      if (n < 0) r.error("key '{}': negative value {}", key, n);
+      (key == "split.no" ? split.no : split.count) = uint64_t(n);
+    }
     if (first) {
       if (kv_index_.count(key)) {
         r.seek(key_offset);
@@ -239,7 +285,6 @@ void File::parse_part(size_t part, bool first) {
     }
   }
   if (first) alignment_ = alignment;
-  if (!first && split_no != part) r.error("split.no is {} but this is part {} of the model", split_no, part + 1);
 
   struct Pending { size_t index; uint64_t rel_offset; size_t info_offset; };
   std::vector<Pending> pending;
@@ -305,15 +350,16 @@ void File::parse_part(size_t part, bool first) {
       r.error("tensor '{}' overlaps tensor '{}'", info.name, previous->name);
     }
     info.file_offset = data_start + p.rel_offset;
-    info.data = map.data() + info.file_offset;
+    info.data = bytes.data() + info.file_offset;
     previous_end = p.rel_offset + info.bytes;
     previous = &info;
   }
+  return split;
 }
 
 size_t File::total_file_bytes() const {
   size_t total = 0;
-  for (const auto& m : maps_) total += m.size();
+  for (const auto& p : parts_) total += p.size();
   return total;
 }
 

@@ -70,6 +70,10 @@ class File {
   // Opens a GGUF file, or all parts of a split model when given any of its parts' names
   // that ends in -00001-of-000NN.gguf.
   static std::unique_ptr<File> open(const std::string& path);
+  // Parses a GGUF image already in memory (e.g. for fuzzing or embedded models). `name`
+  // stands for the file in error messages. The bytes are not copied: they must outlive the
+  // File. A split model cannot be opened this way (its other parts are files).
+  static std::unique_ptr<File> open_memory(std::span<const uint8_t> bytes, const std::string& name);
 
   uint32_t version() const { return version_; }
   uint32_t alignment() const { return alignment_; }
@@ -97,9 +101,16 @@ class File {
 
  private:
   File() = default;
-  void parse_part(size_t part, bool first);
+  static std::unique_ptr<File> open_split(const std::string& path, bool allow_restart);
+  void add_part(const std::string& path);
+  struct PartSplit {
+    uint64_t no = 0;     // split.no (0 when absent)
+    uint64_t count = 0;  // split.count (0 when absent)
+  };
+  PartSplit parse_part(size_t part, bool first);
 
-  std::vector<MappedFile> maps_;
+  std::vector<MappedFile> maps_;             // owns the bytes of file-backed parts
+  std::vector<std::span<const uint8_t>> parts_;  // the bytes of each part, in part order
   std::vector<std::string> paths_;
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;
