@@ -2,7 +2,8 @@
 // - dequantizing ggml's <type>.q must give ggml's <type>.deq.f32 bit for bit, through the
 //   scalar reference and through dequantize_row (the SIMD path where there is one);
 // - kiln's iq4_nl / iq4_xs quantizer on src.f32 must reach ggml's round-trip RMSE (within
-//   2%), and, since it follows ggml's algorithm step for step, write ggml's bytes.
+//   2%), and, since it follows ggml's algorithm step for step, write ggml's bytes;
+// - with an importance vector, it must lower the importance-weighted error.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -173,6 +174,57 @@ TEST_P(IquantZooQuantize, ReachesGgmlErrorAndBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Iq4, IquantZooQuantize, ::testing::Values("iq4_nl", "iq4_xs"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// With an importance vector the quantizer minimizes the importance-weighted error instead;
+// on the zoo data (importance from zoo/imatrix.f32) that weighted error must drop below the
+// one of the plain quantization (measured: -6.6% iq4_nl, -5.9% iq4_xs) while the plain
+// RMSE stays within ggml's bar.
+class IquantZooImportance : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(IquantZooImportance, LowersWeightedError) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(index, "quant/zoo/index.tsv");
+  KILN_REQUIRE_TESTDATA(src_path, "quant/zoo/src.f32");
+  KILN_REQUIRE_TESTDATA(imatrix_path, "quant/zoo/imatrix.f32");
+  const IquantZooRow zoo = iquant_zoo_row(index, name);
+  ASSERT_TRUE(zoo.found) << name;
+  const GgmlType type = *type_from_name(name);
+  const std::vector<float> src = iquant_read_f32(src_path);
+  const std::vector<float> importance = iquant_read_f32(imatrix_path);
+  ASSERT_EQ(importance.size(), size_t(zoo.cols));
+  ASSERT_EQ(src.size(), size_t(zoo.rows * zoo.cols));
+
+  struct Errors {
+    double weighted = 0, plain_rmse = 0;
+  };
+  auto round_trip = [&](const float* imp) {
+    Errors e;
+    std::vector<uint8_t> bytes(*row_bytes(type, zoo.cols));
+    std::vector<float> back(zoo.cols);
+    double sum_sq = 0;
+    for (int64_t r = 0; r < zoo.rows; ++r) {
+      quantize_row(type, src.data() + r * zoo.cols, bytes.data(), zoo.cols, imp);
+      dequantize_row_reference(type, bytes.data(), back.data(), zoo.cols);
+      for (int64_t j = 0; j < zoo.cols; ++j) {
+        const double diff = double(src[r * zoo.cols + j]) - back[j];
+        sum_sq += diff * diff;
+        e.weighted += importance[j] * diff * diff;
+      }
+    }
+    e.plain_rmse = std::sqrt(sum_sq / double(src.size()));
+    return e;
+  };
+  const Errors without = round_trip(nullptr);
+  const Errors with = round_trip(importance.data());
+  EXPECT_LT(with.weighted, without.weighted)
+      << name << ": importance-weighted squared error with importance " << with.weighted
+      << ", without " << without.weighted;
+  EXPECT_LE(with.plain_rmse, 1.02 * zoo.rmse)
+      << name << ": RMSE with importance " << with.plain_rmse << ", ggml (without) " << zoo.rmse;
+}
+
+INSTANTIATE_TEST_SUITE_P(Iq4, IquantZooImportance, ::testing::Values("iq4_nl", "iq4_xs"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
