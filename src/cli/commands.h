@@ -10,5 +10,6 @@ void register_commands(CLI::App& app);
 void register_info(CLI::App& app);
 void register_tensor(CLI::App& app);
 void register_quantize(CLI::App& app);
+void register_tokenize(CLI::App& app);
 
 }  // namespace kiln::cli
