@@ -30,14 +30,18 @@ size_t min_encoded_size(ValueType t) {
 
 bool known_value_type(uint32_t t) { return t <= uint32_t(ValueType::F64); }
 
-std::string_view read_string(ByteReader& r, std::string_view what) {
+// A string field. `what` names it in errors ("tensor name"), or, when `key` is given, the
+// field is the value of metadata key `key` (the message is then built only on failure).
+std::string_view read_string(ByteReader& r, std::string_view what, std::string_view key = {}) {
+  const auto name = [&] { return key.empty() ? std::string(what) : fmt::format("key '{}'", key); };
+  if (r.remaining() < 8) r.error("file truncated: {} needs 8 bytes, only {} left", name(), r.remaining());
   const uint64_t len = r.read<uint64_t>(what);
   if (len > r.remaining())
-    r.error("{}: string length {} exceeds the {} bytes left in the file", what, len, r.remaining());
+    r.error("{}: string length {} exceeds the {} bytes left in the file", name(), len, r.remaining());
   const std::string_view s = r.read_bytes(len, what);
   if (!is_valid_utf8(s)) {
     r.seek(r.offset() - s.size());
-    r.error("{} is not valid UTF-8", what);
+    r.error("{} is not valid UTF-8", name());
   }
   return s;
 }
@@ -62,7 +66,7 @@ Value read_value(ByteReader& r, ValueType type, std::string_view key, int depth)
       v.num.u = b;
       break;
     }
-    case ValueType::STRING: v.str = read_string(r, key); break;
+    case ValueType::STRING: v.str = read_string(r, "string", key); break;
     case ValueType::ARRAY: {
       if (depth >= kMaxArrayDepth) r.error("key '{}': arrays nested deeper than {}", key, kMaxArrayDepth);
       const uint32_t elem = r.read<uint32_t>(key);
