@@ -1,26 +1,270 @@
-// First version of the fast path: rows split over threads, each weight row dequantized
-// once into a thread-local buffer and dotted with every token. To be replaced by kernels
-// that dot quantized blocks directly.
+// The matmul driver: picks a path by weight type, token count and instruction set, splits
+// the work over the thread pool and owns the scratch buffers. Kernels live in
+// matmul_avx512.cpp / matmul_avx2.cpp (declared in matmul_kernels.h).
+//
+// Paths:
+// - decode (n_tokens <= kDecodeMaxTokens): rows split over threads; each row is read once
+//   and dotted with every token. q4_0 / q8_0 on AVX-512 VNNI use direct int8 kernels with
+//   the activations quantized once per call; other types dequantize a row to f32 (or read
+//   f32 / f16 / bf16 directly) and take f32 dot products.
+// - prefill, integer weight types on AVX-512 VNNI: activations quantized once into 16-token
+//   int8 panels; each tile of 8 weight rows is unpacked once to int8 and multiplied with
+//   every panel (vpdpbusd).
+// - prefill otherwise (float types; any type on AVX2): tiles of 8 rows dequantized to f32,
+//   multiplied with f32 token panels (FMA).
+// - scalar: dequantize a row, f32 dot per token.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_kernels.h"
+#include "core/cpu_features.h"
+#include "core/error.h"
 #include "quant/quant.h"
 
 namespace kiln::cpu {
+namespace {
 
-void matmul(const MatmulArgs& a, ThreadPool& pool) {
+constexpr int64_t kDecodeMaxTokens = 3;  // up to this many tokens, weights are streamed per row
+constexpr int kTileRows = 8;             // weight rows per prefill tile
+
+// A grow-only, 64-byte aligned scratch buffer.
+class Scratch {
+ public:
+  void* get(size_t bytes) {
+    if (bytes > size_) {
+      data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)));
+      if (!data_) fail("matmul: cannot allocate {} bytes of scratch", bytes);
+      size_ = bytes;
+    }
+    return data_.get();
+  }
+  template <typename T>
+  T* get(size_t count) {
+    return static_cast<T*>(get(count * sizeof(T)));
+  }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  size_t size_ = 0;
+};
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+void check_args(const MatmulArgs& a) {
+  const auto bytes = row_bytes(a.type, a.cols);
+  if (!bytes) fail("matmul: {} columns is not a whole number of {} blocks", a.cols, type_name(a.type));
+  if (*bytes > a.w_row_bytes)
+    fail("matmul: weight row stride {} bytes is less than a {} row of {} columns ({} bytes)", a.w_row_bytes,
+         type_name(a.type), a.cols, *bytes);
+  if (a.rows < 0 || a.n_tokens < 0) fail("matmul: negative shape rows={} n_tokens={}", a.rows, a.n_tokens);
+  if (a.n_tokens > 1 && (a.x_stride < a.cols || a.y_stride < a.rows))
+    fail("matmul: strides x={} y={} smaller than a row (cols={} rows={})", a.x_stride, a.y_stride, a.cols, a.rows);
+}
+
+const uint8_t* weight_row(const MatmulArgs& a, int64_t r) {
+  return static_cast<const uint8_t*>(a.w) + size_t(r) * a.w_row_bytes;
+}
+
+float dot_scalar(const float* w, const float* x, int64_t n) {
+  float s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int j = 0; j < 4; ++j) s[j] += w[i + j] * x[i + j];
+  for (; i < n; ++i) s[0] += w[i] * x[i];
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+// ---- decode: one pass over the rows -------------------------------------------------------
+
+void decode_rows(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
+  auto dot = level == SimdLevel::Avx512 ? avx512::dot_f32 : level == SimdLevel::Avx2 ? avx2::dot_f32 : dot_scalar;
+  using RowDot = float (*)(const void*, const float*, int64_t);
+  RowDot direct = nullptr;  // weight types dotted without a dequantized copy
+  if (a.type == GgmlType::F16 && level != SimdLevel::Scalar)
+    direct = level == SimdLevel::Avx512 ? avx512::dot_f16 : avx2::dot_f16;
+  if (a.type == GgmlType::BF16 && level != SimdLevel::Scalar)
+    direct = level == SimdLevel::Avx512 ? avx512::dot_bf16 : avx2::dot_bf16;
+
   pool.parallel_for(a.rows, 16, [&](int64_t begin, int64_t end) {
-    std::vector<float> row(size_t(a.cols));
-    for (int64_t o = begin; o < end; ++o) {
-      dequantize_row(a.type, static_cast<const uint8_t*>(a.w) + size_t(o) * a.w_row_bytes, row.data(), a.cols);
-      for (int64_t t = 0; t < a.n_tokens; ++t) {
-        const float* x = a.x + t * a.x_stride;
-        float sum = 0;
-        for (int64_t i = 0; i < a.cols; ++i) sum += row[i] * x[i];
-        a.y[t * a.y_stride + o] = sum;
+    thread_local Scratch row_buf;
+    float* row = row_buf.get<float>(size_t(a.cols));
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* w = weight_row(a, r);
+      if (direct) {
+        for (int64_t t = 0; t < a.n_tokens; ++t) a.y[t * a.y_stride + r] = direct(w, a.x + t * a.x_stride, a.cols);
+        continue;
+      }
+      const float* wf = row;
+      if (a.type == GgmlType::F32 && reinterpret_cast<uintptr_t>(w) % alignof(float) == 0)
+        wf = reinterpret_cast<const float*>(w);
+      else if (level == SimdLevel::Scalar) dequantize_row_reference(a.type, w, row, a.cols);
+      else dequantize_row(a.type, w, row, a.cols);
+      for (int64_t t = 0; t < a.n_tokens; ++t) a.y[t * a.y_stride + r] = dot(wf, a.x + t * a.x_stride, a.cols);
+    }
+  });
+}
+
+// Direct int8 decode kernels (AVX-512 VNNI) for the types that have one.
+using DecodeKernel = void (*)(const uint8_t*, size_t, int64_t, int64_t, const DecodeToken*, int, float*, int64_t);
+
+DecodeKernel int8_decode_kernel(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0: return avx512::decode_q4_0;
+    case GgmlType::Q8_0: return avx512::decode_q8_0;
+    default: return nullptr;
+  }
+}
+
+void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
+  thread_local Scratch act_buf;
+  const int64_t n_quads = a.cols / 128;
+  const size_t per_token = align64(size_t(n_quads) * 128) + 2 * align64(size_t(n_quads) * 64);
+  auto* base = act_buf.get<uint8_t>(per_token * size_t(a.n_tokens));
+  DecodeToken tokens[kDecodeMaxTokens];
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    uint8_t* p = base + per_token * size_t(t);
+    tokens[t].q = reinterpret_cast<int8_t*>(p);
+    tokens[t].neg_sum = reinterpret_cast<int32_t*>(p + align64(size_t(n_quads) * 128));
+    tokens[t].dx = reinterpret_cast<float*>(p + align64(size_t(n_quads) * 128) + align64(size_t(n_quads) * 64));
+    avx512::prepare_decode_token(a.x + t * a.x_stride, a.cols, tokens[t]);
+  }
+  const size_t row_bytes_exact = *row_bytes(a.type, a.cols);
+  pool.parallel_for(a.rows, 32, [&](int64_t begin, int64_t end) {
+    // The kernels step rows by the exact row size; walk rows one at a time when the
+    // stride has padding.
+    if (a.w_row_bytes == row_bytes_exact) {
+      kernel(static_cast<const uint8_t*>(a.w), a.w_row_bytes, begin, end, tokens, int(a.n_tokens), a.y, a.y_stride);
+    } else {
+      for (int64_t r = begin; r < end; ++r)
+        kernel(weight_row(a, r), row_bytes_exact, 0, 1, tokens, int(a.n_tokens), a.y + r, a.y_stride);
+    }
+  });
+}
+
+// ---- prefill ------------------------------------------------------------------------------
+
+void store_tile(const MatmulArgs& a, const float* acc, int lanes, int64_t row0, int rows, int64_t tok0) {
+  const int n = int(std::min<int64_t>(lanes, a.n_tokens - tok0));
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < n; ++t) a.y[(tok0 + t) * a.y_stride + row0 + r] = acc[r * lanes + t];
+}
+
+void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
+  const bool wide = level == SimdLevel::Avx512;
+  const int lanes = wide ? 16 : 8;
+  const int64_t n_groups = (a.n_tokens + lanes - 1) / lanes;
+  const size_t group_floats = size_t(a.cols) * lanes;
+  thread_local Scratch panel_buf;
+  float* panel = panel_buf.get<float>(group_floats * size_t(n_groups));
+  pool.parallel_for(n_groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int n = int(std::min<int64_t>(lanes, a.n_tokens - g * lanes));
+      const float* x = a.x + g * lanes * a.x_stride;
+      if (wide) avx512::transpose_tokens_f32(x, a.x_stride, n, a.cols, panel + g * group_floats);
+      else avx2::transpose_tokens_f32(x, a.x_stride, n, a.cols, panel + g * group_floats);
+    }
+  });
+  auto kernel = wide ? avx512::panel_f32 : avx2::panel_f32;
+  const int64_t n_tiles = (a.rows + kTileRows - 1) / kTileRows;
+  pool.parallel_for(n_tiles, 1, [&](int64_t t0, int64_t t1) {
+    thread_local Scratch tile_buf;
+    float* tile = tile_buf.get<float>(size_t(kTileRows) * size_t(a.cols));
+    alignas(64) float acc[kTileRows * 16];
+    for (int64_t tile_index = t0; tile_index < t1; ++tile_index) {
+      const int64_t row0 = tile_index * kTileRows;
+      const int rows = int(std::min<int64_t>(kTileRows, a.rows - row0));
+      const float* w = tile;
+      int64_t w_stride = a.cols;
+      if (a.type == GgmlType::F32 && a.w_row_bytes % sizeof(float) == 0 &&
+          reinterpret_cast<uintptr_t>(a.w) % alignof(float) == 0) {
+        w = reinterpret_cast<const float*>(weight_row(a, row0));
+        w_stride = int64_t(a.w_row_bytes / sizeof(float));
+      } else {
+        for (int r = 0; r < rows; ++r) dequantize_row(a.type, weight_row(a, row0 + r), tile + r * a.cols, a.cols);
+      }
+      for (int64_t g = 0; g < n_groups; ++g) {
+        kernel(w, w_stride, rows, a.cols, panel + g * group_floats, acc, false);
+        store_tile(a, acc, lanes, row0, rows, g * lanes);
       }
     }
   });
 }
+
+void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
+  const int64_t n_groups = (a.n_tokens + 15) / 16;
+  const int64_t n_blocks = a.cols / 32;
+  thread_local Scratch panel_buf;
+  auto* panel = panel_buf.get<Int8PanelBlock>(size_t(n_groups * n_blocks));
+  pool.parallel_for(n_groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int n = int(std::min<int64_t>(16, a.n_tokens - g * 16));
+      avx512::prepare_int8_panel(a.x + g * 16 * a.x_stride, a.x_stride, n, a.cols, panel + g * n_blocks);
+    }
+  });
+  const int64_t wgroups = a.cols / layout.group;  // affine groups per weight row
+  const int64_t n_tiles = (a.rows + kTileRows - 1) / kTileRows;
+  pool.parallel_for(n_tiles, 1, [&](int64_t t0, int64_t t1) {
+    thread_local Scratch q_buf, meta_buf;
+    const int64_t q_stride = int64_t(align64(size_t(a.cols)));
+    auto* q = q_buf.get<int8_t>(size_t(kTileRows * q_stride));
+    float* meta = meta_buf.get<float>(size_t(4 * kTileRows * wgroups));
+    float* scale = meta;
+    float* offset = meta + kTileRows * wgroups;
+    auto* qsum = reinterpret_cast<int32_t*>(meta + 2 * kTileRows * wgroups);
+    auto* bias = reinterpret_cast<int32_t*>(meta + 3 * kTileRows * wgroups);
+    const Int8Tile tile{q, q_stride, scale, layout.has_offset ? offset : nullptr, bias, wgroups, layout.group};
+    alignas(64) float acc[kTileRows * 16];
+    for (int64_t tile_index = t0; tile_index < t1; ++tile_index) {
+      const int64_t row0 = tile_index * kTileRows;
+      const int rows = int(std::min<int64_t>(kTileRows, a.rows - row0));
+      for (int r = 0; r < rows; ++r) {
+        const Int8Row out{q + r * q_stride, scale + r * wgroups, offset + r * wgroups, qsum + r * wgroups};
+        if (!avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, out))
+          unpack_int8_row(a.type, weight_row(a, row0 + r), a.cols, out);
+        avx512::group_bias(out.q, layout.group, wgroups, bias + r * wgroups);
+      }
+      for (int64_t g = 0; g < n_groups; ++g) {
+        avx512::panel_int8(tile, rows, 0, n_blocks, panel + g * n_blocks, acc, false);
+        store_tile(a, acc, 16, row0, rows, g * 16);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+SimdLevel best_simd_level() {
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512) return SimdLevel::Avx512;
+  if (f.avx2) return SimdLevel::Avx2;
+  return SimdLevel::Scalar;
+}
+
+void matmul(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
+  check_args(a);
+  if (a.rows == 0 || a.n_tokens == 0) return;
+  level = std::min(level, best_simd_level());
+  const bool vnni = level == SimdLevel::Avx512 && cpu_features().avx512_vnni;
+  if (a.n_tokens <= kDecodeMaxTokens || level == SimdLevel::Scalar) {
+    if (vnni) {
+      if (DecodeKernel k = int8_decode_kernel(a.type)) return decode_int8(a, pool, k);
+    }
+    return decode_rows(a, pool, level);
+  }
+  if (vnni) {
+    const Int8Layout layout = int8_layout(a.type);
+    if (layout.group != 0) return prefill_int8(a, pool, layout);
+  }
+  prefill_float(a, pool, level);
+}
+
+void matmul(const MatmulArgs& a, ThreadPool& pool) { matmul(a, pool, best_simd_level()); }
 
 }  // namespace kiln::cpu

@@ -29,8 +29,18 @@ struct MatmulArgs {
   int64_t y_stride;
 };
 
-// The fast path: SIMD, multi-threaded.
+// The fast path: SIMD, multi-threaded, using the best instruction set the processor has
+// (capped by KILN_SIMD=scalar|avx2).
 void matmul(const MatmulArgs& args, ThreadPool& pool);
+
+// Instruction-set levels of the fast path, for tests and benchmarks that compare them.
+enum class SimdLevel { Scalar, Avx2, Avx512 };
+
+// The fast path at most at `level` (lowered further to what the processor supports).
+void matmul(const MatmulArgs& args, ThreadPool& pool, SimdLevel level);
+
+// The level matmul(args, pool) uses on this processor.
+SimdLevel best_simd_level();
 
 // The definition: each weight row dequantized with the scalar reference, dot products in
 // double precision. Single-threaded and slow; tests compare against it.

@@ -1,0 +1,95 @@
+#pragma once
+// The per-instruction-set kernels behind matmul() (backend/cpu/matmul.cpp drives them).
+// Each namespace is compiled in its own file with its own -m flags: call a function only
+// when cpu_features() says the processor has that instruction set.
+//
+// Layouts shared with the driver:
+// - float token panel: `lanes` tokens interleaved, panel[k * lanes + t] = x[t][k]
+//   (zero for padding tokens).
+// - int8 token panel (AVX-512 VNNI, 16 tokens): per 32-element block, Int8PanelBlock.
+// - decode tokens: one token quantized to int8 per 32-element block, DecodeToken.
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cpu/int8_rows.h"
+
+namespace kiln::cpu {
+
+// One token's activations for the decode kernels. Blocks of 32 are quantized symmetrically
+// (value = dx * q, q in -127..127) and grouped in quads of 4 blocks (128 elements) whose
+// bytes are reordered to [b0[0..15] b1[0..15] b2[0..15] b3[0..15] b0[16..31] ... b3[16..31]],
+// the order in which the 4-bit formats hold their nibbles. Per quad, 16 lanes of 4 bytes:
+// lane L belongs to block L / 4, and `neg_sum` / `dx` hold that block's -sum(q) and dx in
+// each of its lanes. Columns past the last whole quad are left to the caller (in f32).
+struct DecodeToken {
+  const float* x = nullptr;  // the f32 activations (for the tail past the last quad)
+  int64_t n_quads = 0;
+  int8_t* q = nullptr;         // n_quads * 128
+  int32_t* neg_sum = nullptr;  // n_quads * 16
+  float* dx = nullptr;         // n_quads * 16
+};
+
+// 16 tokens' activations for one 32-element block, for the VNNI prefill kernel:
+// u[c][4 * t + e] = q[t][4c + e] + 128 (unsigned), dx[t] the block scale of token t,
+// dx_sum_lo / hi / all[t] = dx[t] * sum(q[t]) over elements 0..15 / 16..31 / 0..31.
+struct alignas(64) Int8PanelBlock {
+  uint8_t u[8][64];
+  float dx[16];
+  float dx_sum_lo[16];
+  float dx_sum_hi[16];
+  float dx_sum_all[16];
+};
+
+// A tile of unpacked weight rows for the int8 prefill kernel: row r's groups at
+// q + r * q_stride, scale/offset/bias + r * group_stride. bias = -128 * qsum.
+struct Int8Tile {
+  const int8_t* q;
+  int64_t q_stride;
+  const float* scale;
+  const float* offset;  // null when the layout has no offset
+  const int32_t* bias;
+  int64_t group_stride;
+  int group;  // 16 or 32
+};
+
+namespace avx512 {
+float dot_f32(const float* a, const float* b, int64_t n);
+float dot_f16(const void* w, const float* x, int64_t n);
+float dot_bf16(const void* w, const float* x, int64_t n);
+
+// Float prefill: acc[r * 16 + t] (+)= sum_k w[r * w_stride + k] * panel[k * 16 + t] for
+// r < rows (<= 8), k < k_len.
+void panel_f32(const float* w, int64_t w_stride, int rows, int64_t k_len, const float* panel,
+               float* acc, bool accumulate);
+void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_t cols, float* panel);
+
+// Quantizes one token for the decode kernels (storage of `out` set by the caller).
+void prepare_decode_token(const float* x, int64_t cols, DecodeToken& out);
+// y[t * y_stride + r] for rows [r0, r1) over the whole quads; the caller adds the tail.
+void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                 int n_tokens, float* y, int64_t y_stride);
+void decode_q8_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                 int n_tokens, float* y, int64_t y_stride);
+
+// int8 prefill: panel for up to 16 tokens (missing tokens are zero), `cols` / 32 blocks.
+void prepare_int8_panel(const float* x, int64_t x_stride, int n_tokens, int64_t cols, Int8PanelBlock* panel);
+// acc[r * 16 + t] (+)= the product of tile rows r < rows (<= 8) over blocks [b0, b1).
+void panel_int8(const Int8Tile& tile, int rows, int64_t b0, int64_t b1, const Int8PanelBlock* panel,
+                float* acc, bool accumulate);
+// SIMD unpackers for the hot types (same results as unpack_int8_row); false = not here.
+bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out);
+// bias[g] = -128 * sum of group g of q (`group` elements each).
+void group_bias(const int8_t* q, int group, int64_t n_groups, int32_t* bias);
+}  // namespace avx512
+
+namespace avx2 {
+float dot_f32(const float* a, const float* b, int64_t n);
+float dot_f16(const void* w, const float* x, int64_t n);
+float dot_bf16(const void* w, const float* x, int64_t n);
+// As avx512::panel_f32 with 8 token lanes.
+void panel_f32(const float* w, int64_t w_stride, int rows, int64_t k_len, const float* panel,
+               float* acc, bool accumulate);
+void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_t cols, float* panel);
+}  // namespace avx2
+
+}  // namespace kiln::cpu
