@@ -12,6 +12,7 @@
 #include "core/cpu_features.h"
 #include "quant/codec.h"
 #include "quant/quant.h"
+#include "quant/zoo.h"
 
 namespace kiln {
 namespace {

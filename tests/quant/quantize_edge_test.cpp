@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "quant/quant.h"
+#include "quant/zoo.h"
 
 namespace kiln {
 namespace {

@@ -6,6 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "quant/types.h"
+
+namespace kiln {
+// gtest prints a type parameter by its name.
+inline void PrintTo(GgmlType t, std::ostream* os) { *os << type_name(t); }
+}  // namespace kiln
+
 namespace kiln::testing {
 
 struct ZooEntry {
