@@ -5,6 +5,7 @@ namespace kiln::cli {
 void register_commands(CLI::App& app) {
   register_info(app);
   register_tensor(app);
+  register_quantize(app);
   register_tokenize(app);
 }
 
