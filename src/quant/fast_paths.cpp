@@ -19,6 +19,8 @@ DequantizeFn fast_dequantizer(Fast kind) {
       case Fast::Q4_K: return avx2::dequantize_q4_K;
       case Fast::Q5_K: return avx2::dequantize_q5_K;
       case Fast::Q6_K: return avx2::dequantize_q6_K;
+      case Fast::MXFP4: return avx2::dequantize_mxfp4;
+      case Fast::NVFP4: return avx2::dequantize_nvfp4;
     }
   }
 #endif

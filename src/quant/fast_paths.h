@@ -7,7 +7,7 @@
 
 namespace kiln {
 
-enum class Fast { F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K };
+enum class Fast { F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, NVFP4 };
 
 DequantizeFn fast_dequantizer(Fast kind);
 
@@ -24,6 +24,8 @@ void dequantize_q3_K(const void* src, float* dst, int64_t n);
 void dequantize_q4_K(const void* src, float* dst, int64_t n);
 void dequantize_q5_K(const void* src, float* dst, int64_t n);
 void dequantize_q6_K(const void* src, float* dst, int64_t n);
+void dequantize_mxfp4(const void* src, float* dst, int64_t n);
+void dequantize_nvfp4(const void* src, float* dst, int64_t n);
 }  // namespace avx2
 
 }  // namespace kiln

@@ -60,7 +60,7 @@ TEST(FastPath, PresentForTheMainTypesWithAvx2) {
   if (!cpu_features().avx2) GTEST_SKIP() << "no AVX2 on this processor (or KILN_SIMD=scalar)";
   for (const GgmlType type : {GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
                               GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                              GgmlType::Q6_K})
+                              GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::NVFP4})
     EXPECT_NE(find_codec(type)->dequantize_fast, nullptr) << type_name(type);
 }
 
