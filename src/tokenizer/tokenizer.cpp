@@ -59,34 +59,37 @@ bool is_ascii_space(char c) {
 
 }  // namespace
 
-Tokenizer::Tokenizer(VocabSpec spec) : spec_(std::move(spec)) {
-  const size_t n = spec_.tokens.size();
+Tokenizer::Tokenizer(VocabSpec source) : vocab_(std::make_unique<Vocabulary>()) {
+  vocab_->spec = std::move(source);
+  VocabSpec& spec = vocab_->spec;
+  TokenIndex& index = vocab_->index;
+  const size_t n = spec.tokens.size();
   KILN_CHECK(n > 0, "tokenizer: the vocabulary is empty");
   KILN_CHECK(n < size_t(INT32_MAX), "tokenizer: vocabulary of {} tokens is too large", n);
-  KILN_CHECK(spec_.scores.empty() || spec_.scores.size() == n,
-             "tokenizer: {} scores for {} tokens", spec_.scores.size(), n);
-  if (spec_.types.empty()) spec_.types.assign(n, TokenType::kNormal);
-  KILN_CHECK(spec_.types.size() == n, "tokenizer: {} token types for {} tokens", spec_.types.size(), n);
-  index_.reserve(n);
+  KILN_CHECK(spec.scores.empty() || spec.scores.size() == n,
+             "tokenizer: {} scores for {} tokens", spec.scores.size(), n);
+  if (spec.types.empty()) spec.types.assign(n, TokenType::kNormal);
+  KILN_CHECK(spec.types.size() == n, "tokenizer: {} token types for {} tokens", spec.types.size(), n);
+  index.reserve(n);
   for (size_t id = 0; id < n; ++id) {
     // The first of duplicate texts wins, as in Hugging Face's vocab maps.
-    index_.emplace(spec_.tokens[id], int32_t(id));
+    index.emplace(spec.tokens[id], int32_t(id));
   }
   auto valid = [&](int32_t& id) {
     if (id < 0 || size_t(id) >= n) id = kNoToken;
   };
-  SpecialIds& s = spec_.special;
+  SpecialIds& s = spec.special;
   for (int32_t* id : {&s.bos, &s.eos, &s.eot, &s.eom, &s.unk, &s.pad, &s.sep, &s.cls, &s.mask}) valid(*id);
-  KILN_CHECK(!spec_.add_bos || s.bos != kNoToken, "tokenizer: add_bos is set but there is no BOS token");
-  KILN_CHECK(!spec_.add_eos || s.eos != kNoToken, "tokenizer: add_eos is set but there is no EOS token");
+  KILN_CHECK(!spec.add_bos || s.bos != kNoToken, "tokenizer: add_bos is set but there is no BOS token");
+  KILN_CHECK(!spec.add_eos || s.eos != kNoToken, "tokenizer: add_eos is set but there is no EOS token");
 
   build_pieces();
   build_special_tokens();
   build_end_of_generation();
-  switch (spec_.kind) {
-    case TokenizerKind::kSentencePiece: model_ = make_sentencepiece_model(spec_, index_); break;
-    case TokenizerKind::kBytePairBpe: model_ = make_byte_level_bpe_model(spec_, index_); break;
-    case TokenizerKind::kWordPiece: model_ = make_wordpiece_model(spec_, index_); break;
+  switch (spec.kind) {
+    case TokenizerKind::kSentencePiece: model_ = make_sentencepiece_model(spec, index); break;
+    case TokenizerKind::kBytePairBpe: model_ = make_byte_level_bpe_model(spec, index); break;
+    case TokenizerKind::kWordPiece: model_ = make_wordpiece_model(spec, index); break;
   }
 }
 
@@ -95,18 +98,18 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 void Tokenizer::build_pieces() {
-  pieces_.resize(spec_.tokens.size());
-  for (size_t id = 0; id < spec_.tokens.size(); ++id) {
-    const std::string& text = spec_.tokens[id];
+  pieces_.resize(vocab_->spec.tokens.size());
+  for (size_t id = 0; id < vocab_->spec.tokens.size(); ++id) {
+    const std::string& text = vocab_->spec.tokens[id];
     std::string& piece = pieces_[id];
-    switch (spec_.types[id]) {
+    switch (vocab_->spec.types[id]) {
       case TokenType::kByte: {
         const int value = parse_byte_token(text);
         piece = value >= 0 ? std::string(1, char(value)) : text;
         break;
       }
       case TokenType::kNormal:
-        if (spec_.kind == TokenizerKind::kBytePairBpe) {
+        if (vocab_->spec.kind == TokenizerKind::kBytePairBpe) {
           byte_alphabet::decode(text, piece);
         } else {
           piece = unescape_spaces(text);
@@ -121,12 +124,12 @@ void Tokenizer::build_pieces() {
 
 void Tokenizer::build_special_tokens() {
   // llama.cpp's phi-3 quirk: its special tokens eat the whitespace after them.
-  std::string name = spec_.model_name;
+  std::string name = vocab_->spec.model_name;
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   const bool phi3 = name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos;
-  for (size_t id = 0; id < spec_.tokens.size(); ++id) {
-    const TokenType t = spec_.types[id];
-    const std::string& text = spec_.tokens[id];
+  for (size_t id = 0; id < vocab_->spec.tokens.size(); ++id) {
+    const TokenType t = vocab_->spec.types[id];
+    const std::string& text = vocab_->spec.tokens[id];
     const bool special = t == TokenType::kControl || t == TokenType::kUserDefined || t == TokenType::kUnknown;
     if (!special || text.empty()) continue;
     bool rstrip = phi3;
@@ -134,7 +137,7 @@ void Tokenizer::build_special_tokens() {
     special_tokens_.push_back({int32_t(id), false, rstrip});
   }
   std::stable_sort(special_tokens_.begin(), special_tokens_.end(), [&](const SpecialToken& a, const SpecialToken& b) {
-    return spec_.tokens[a.id].size() > spec_.tokens[b.id].size();
+    return vocab_->spec.tokens[a.id].size() > vocab_->spec.tokens[b.id].size();
   });
 }
 
@@ -143,7 +146,7 @@ void Tokenizer::build_end_of_generation() {
       "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
       "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>",
   };
-  const SpecialIds& s = spec_.special;
+  const SpecialIds& s = vocab_->spec.special;
   for (int32_t id : {s.eos, s.eot, s.eom}) {
     if (id != kNoToken) eog_ids_.push_back(id);
   }
@@ -156,8 +159,8 @@ void Tokenizer::build_end_of_generation() {
 }
 
 void Tokenizer::check_id(int32_t id) const {
-  KILN_CHECK(id >= 0 && size_t(id) < spec_.tokens.size(), "tokenizer: token id {} is outside the vocabulary of {}",
-             id, spec_.tokens.size());
+  KILN_CHECK(id >= 0 && size_t(id) < vocab_->spec.tokens.size(), "tokenizer: token id {} is outside the vocabulary of {}",
+             id, vocab_->spec.tokens.size());
 }
 
 const std::string& Tokenizer::piece(int32_t id) const {
@@ -167,17 +170,17 @@ const std::string& Tokenizer::piece(int32_t id) const {
 
 const std::string& Tokenizer::token_text(int32_t id) const {
   check_id(id);
-  return spec_.tokens[id];
+  return vocab_->spec.tokens[id];
 }
 
 TokenType Tokenizer::token_type(int32_t id) const {
   check_id(id);
-  return spec_.types[id];
+  return vocab_->spec.types[id];
 }
 
 int32_t Tokenizer::find_token(std::string_view text) const {
-  const auto it = index_.find(text);
-  return it == index_.end() ? kNoToken : it->second;
+  const auto it = vocab_->index.find(text);
+  return it == vocab_->index.end() ? kNoToken : it->second;
 }
 
 bool Tokenizer::is_end_of_generation(int32_t id) const {
@@ -191,8 +194,8 @@ std::vector<Tokenizer::Fragment> Tokenizer::split_special(std::string_view text,
   for (const SpecialToken& special : special_tokens_) {
     // Control (and unknown) tokens are matched only on request; user-defined ones always,
     // as Hugging Face does with added tokens that are not special.
-    if (!parse_special && spec_.types[special.id] != TokenType::kUserDefined) continue;
-    const std::string& needle = spec_.tokens[special.id];
+    if (!parse_special && vocab_->spec.types[special.id] != TokenType::kUserDefined) continue;
+    const std::string& needle = vocab_->spec.tokens[special.id];
     next.clear();
     bool changed = false;
     for (const Fragment& f : fragments) {
@@ -224,14 +227,14 @@ std::vector<Tokenizer::Fragment> Tokenizer::split_special(std::string_view text,
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
-  const SpecialIds& s = spec_.special;
-  const bool word_piece = spec_.kind == TokenizerKind::kWordPiece;
+  const SpecialIds& s = vocab_->spec.special;
+  const bool word_piece = vocab_->spec.kind == TokenizerKind::kWordPiece;
   if (add_special) {
     if (word_piece) {
       const int32_t cls = s.cls != kNoToken ? s.cls : s.bos;
       KILN_CHECK(cls != kNoToken, "tokenizer: no [CLS] token to add");
       out.push_back(cls);
-    } else if (spec_.add_bos) {
+    } else if (vocab_->spec.add_bos) {
       out.push_back(s.bos);
     }
   }
@@ -243,9 +246,9 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
       previous_was_special = true;
       continue;
     }
-    if (spec_.kind == TokenizerKind::kSentencePiece) {
+    if (vocab_->spec.kind == TokenizerKind::kSentencePiece) {
       escaped.clear();
-      if (spec_.add_space_prefix && previous_was_special) escaped += kSpaceMark;
+      if (vocab_->spec.add_space_prefix && previous_was_special) escaped += kSpaceMark;
       append_escaped_spaces(escaped, f.text);
       model_->encode(escaped, out);
     } else {
@@ -257,7 +260,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
     if (word_piece) {
       KILN_CHECK(s.sep != kNoToken, "tokenizer: no [SEP] token to add");
       out.push_back(s.sep);
-    } else if (spec_.add_eos) {
+    } else if (vocab_->spec.add_eos) {
       out.push_back(s.eos);
     }
   }
@@ -265,7 +268,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
 }
 
 bool Tokenizer::renders(int32_t id, bool render_special) const {
-  switch (spec_.types[id]) {
+  switch (vocab_->spec.types[id]) {
     case TokenType::kNormal:
     case TokenType::kByte:
     case TokenType::kUserDefined:
@@ -295,8 +298,8 @@ std::string StreamingDecoder::push(int32_t id) {
   std::string_view piece = tokenizer_.pieces_[id];
   if (piece.empty()) return {};
   // SentencePiece's decoder drops the space it added in front of the first word.
-  if (at_start_ && tokenizer_.spec_.kind == TokenizerKind::kSentencePiece &&
-      tokenizer_.spec_.add_space_prefix && tokenizer_.spec_.types[id] == TokenType::kNormal &&
+  if (at_start_ && tokenizer_.vocab_->spec.kind == TokenizerKind::kSentencePiece &&
+      tokenizer_.vocab_->spec.add_space_prefix && tokenizer_.vocab_->spec.types[id] == TokenType::kNormal &&
       piece.front() == ' ') {
     piece.remove_prefix(1);
   }

@@ -56,12 +56,12 @@ class Tokenizer {
   // The id whose stored text is exactly `text`, or kNoToken.
   int32_t find_token(std::string_view text) const;
 
-  size_t vocab_size() const { return spec_.tokens.size(); }
-  TokenizerKind kind() const { return spec_.kind; }
-  const std::string& pre_tokenizer() const { return spec_.pre; }
-  const SpecialIds& special() const { return spec_.special; }
-  bool adds_bos() const { return spec_.add_bos; }
-  bool adds_eos() const { return spec_.add_eos; }
+  size_t vocab_size() const { return vocab_->spec.tokens.size(); }
+  TokenizerKind kind() const { return vocab_->spec.kind; }
+  const std::string& pre_tokenizer() const { return vocab_->spec.pre; }
+  const SpecialIds& special() const { return vocab_->spec.special; }
+  bool adds_bos() const { return vocab_->spec.add_bos; }
+  bool adds_eos() const { return vocab_->spec.add_eos; }
   bool is_end_of_generation(int32_t id) const;
   const std::vector<int32_t>& end_of_generation_ids() const { return eog_ids_; }
 
@@ -85,8 +85,13 @@ class Tokenizer {
   // Whether a decoded piece is written at this point of a decode.
   bool renders(int32_t id, bool render_special) const;
 
-  VocabSpec spec_;
-  TokenIndex index_;                       // stored text -> id
+  // The vocabulary lives on the heap so that the model's references to it survive a
+  // move of the Tokenizer.
+  struct Vocabulary {
+    VocabSpec spec;
+    TokenIndex index;  // stored text -> id
+  };
+  std::unique_ptr<Vocabulary> vocab_;
   std::vector<std::string> pieces_;        // id -> bytes
   std::vector<SpecialToken> special_tokens_;  // longest text first
   std::vector<int32_t> eog_ids_;           // sorted

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,14 @@ TEST(Tokenizer, MalformedUtf8SurvivesByteLevelBpe) {
   for (int32_t id : tok.encode(text, false)) streamed += stream.push(id);
   streamed += stream.flush();
   EXPECT_EQ(streamed, text);
+}
+
+TEST(Tokenizer, SurvivesBeingMoved) {
+  KILN_REQUIRE_TESTDATA(path, "tokenizer/vocab/ggml-vocab-gpt-2.gguf");
+  Tokenizer first = Tokenizer::from_gguf(path.string());
+  const auto expected = first.encode("Hello world, moved", false);
+  const auto moved = std::make_unique<Tokenizer>(std::move(first));
+  EXPECT_EQ(moved->encode("Hello world, moved", false), expected);
 }
 
 TEST(Tokenizer, RejectsIdsOutsideTheVocabulary) {
