@@ -4,7 +4,7 @@
 //
 // Paths:
 // - decode (n_tokens <= kDecodeMaxTokens): rows split over threads; each row is read once
-//   and dotted with every token. q4_0 / q8_0 on AVX-512 VNNI use direct int8 kernels with
+//   and dotted with every token. q4_0 / q8_0 / q4_K / q6_K on AVX-512 VNNI use direct int8 kernels with
 //   the activations quantized once per call; other types dequantize a row to f32 (or read
 //   f32 / f16 / bf16 directly) and take f32 dot products.
 // - prefill, integer weight types on AVX-512 VNNI: activations quantized once into 16-token
@@ -118,6 +118,8 @@ DecodeKernel int8_decode_kernel(GgmlType type) {
   switch (type) {
     case GgmlType::Q4_0: return avx512::decode_q4_0;
     case GgmlType::Q8_0: return avx512::decode_q8_0;
+    case GgmlType::Q4_K: return avx512::decode_q4_K;
+    case GgmlType::Q6_K: return avx512::decode_q6_K;
     default: return nullptr;
   }
 }
@@ -125,15 +127,21 @@ DecodeKernel int8_decode_kernel(GgmlType type) {
 void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
   thread_local Scratch act_buf;
   const int64_t n_quads = a.cols / 128;
-  const size_t per_token = align64(size_t(n_quads) * 128) + 2 * align64(size_t(n_quads) * 64);
+  const size_t q_bytes = align64(size_t(n_quads) * 128), lane_bytes = size_t(n_quads) * 64;
+  const size_t per_token = q_bytes + kDecodeLaneArrays * lane_bytes;
   auto* base = act_buf.get<uint8_t>(per_token * size_t(a.n_tokens));
   DecodeToken tokens[kDecodeMaxTokens];
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     uint8_t* p = base + per_token * size_t(t);
-    tokens[t].q = reinterpret_cast<int8_t*>(p);
-    tokens[t].neg_sum = reinterpret_cast<int32_t*>(p + align64(size_t(n_quads) * 128));
-    tokens[t].dx = reinterpret_cast<float*>(p + align64(size_t(n_quads) * 128) + align64(size_t(n_quads) * 64));
-    avx512::prepare_decode_token(a.x + t * a.x_stride, a.cols, tokens[t]);
+    DecodeToken& tk = tokens[t];
+    tk.q = reinterpret_cast<int8_t*>(p);
+    p += q_bytes;
+    tk.neg_sum = reinterpret_cast<int32_t*>(p);
+    tk.neg_sum_lo = reinterpret_cast<int32_t*>(p + lane_bytes);
+    tk.neg_sum_hi = reinterpret_cast<int32_t*>(p + 2 * lane_bytes);
+    tk.dx = reinterpret_cast<float*>(p + 3 * lane_bytes);
+    tk.neg_dx_sum = reinterpret_cast<float*>(p + 4 * lane_bytes);
+    avx512::prepare_decode_token(a.x + t * a.x_stride, a.cols, tk);
   }
   const size_t row_bytes_exact = *row_bytes(a.type, a.cols);
   pool.parallel_for(a.rows, 32, [&](int64_t begin, int64_t end) {

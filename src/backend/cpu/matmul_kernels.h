@@ -20,14 +20,21 @@ namespace kiln::cpu {
 // bytes are reordered to [b0[0..15] b1[0..15] b2[0..15] b3[0..15] b0[16..31] ... b3[16..31]],
 // the order in which the 4-bit formats hold their nibbles. Per quad, 16 lanes of 4 bytes:
 // lane L belongs to block L / 4, and `neg_sum` / `dx` hold that block's -sum(q) and dx in
-// each of its lanes. Columns past the last whole quad are left to the caller (in f32).
+// each of its lanes; `neg_sum_lo` / `neg_sum_hi` the -sum over the block's 16 elements held
+// in the first / second 64 bytes (for formats with a scale per 16); `neg_dx_sum` is
+// -dx * sum(q) / 4 (so that the 4 lanes of a block add up to -dx * sum, for the min terms of
+// the K-quants). Columns past the last whole quad are left to the kernel's f32 tail.
 struct DecodeToken {
   const float* x = nullptr;  // the f32 activations (for the tail past the last quad)
   int64_t n_quads = 0;
-  int8_t* q = nullptr;         // n_quads * 128
-  int32_t* neg_sum = nullptr;  // n_quads * 16
-  float* dx = nullptr;         // n_quads * 16
+  int8_t* q = nullptr;            // n_quads * 128
+  int32_t* neg_sum = nullptr;     // n_quads * 16 each
+  int32_t* neg_sum_lo = nullptr;
+  int32_t* neg_sum_hi = nullptr;
+  float* dx = nullptr;
+  float* neg_dx_sum = nullptr;
 };
+inline constexpr int kDecodeLaneArrays = 5;  // the per-lane arrays above, 64 bytes per quad each
 
 // 16 tokens' activations for one 32-element block, for the VNNI prefill kernel:
 // u[c][4 * t + e] = q[t][4c + e] + 128 (unsigned), dx[t] the block scale of token t,
@@ -69,6 +76,10 @@ void prepare_decode_token(const float* x, int64_t cols, DecodeToken& out);
 void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
                  int n_tokens, float* y, int64_t y_stride);
 void decode_q8_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                 int n_tokens, float* y, int64_t y_stride);
+void decode_q4_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                 int n_tokens, float* y, int64_t y_stride);
+void decode_q6_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
                  int n_tokens, float* y, int64_t y_stride);
 
 // int8 prefill: panel for up to 16 tokens (missing tokens are zero), `cols` / 32 blocks.
