@@ -25,6 +25,10 @@ bool int_like(const Value& v) { return v.is_int() || v.is_bool(); }
 int64_t int_of(const Value& v) { return v.is_bool() ? (v.as_bool() ? 1 : 0) : v.as_int(); }
 
 Value repeat_value(const Value& seq, int64_t times) {
+  // A template is data from the model repository: refuse sizes that would exhaust memory.
+  size_t unit = seq.is_string() ? seq.as_string().size() : seq.as_list().items.size();
+  if (times > 0 && unit > 0 && static_cast<double>(unit) * static_cast<double>(times) > 64.0 * 1024 * 1024)
+    fail("repetition by {} would exceed 64 Mi elements", times);
   if (seq.is_string()) {
     std::string out;
     for (int64_t i = 0; i < times; ++i) out += seq.as_string();
@@ -254,6 +258,12 @@ class Interpreter {
     Interpreter* self = this;
     std::weak_ptr<Scope> defining = scope;  // weak: the scope holds the macro itself
     return Value::function("macro '" + s.text + "'", [self, macro, defining](const CallArgs& args) {
+      if (self->macro_depth_ >= kMaxMacroDepth) fail("macro '{}' nests deeper than {} calls", macro->text, kMaxMacroDepth);
+      struct DepthGuard {
+        int& depth;
+        explicit DepthGuard(int& d) : depth(d) { ++depth; }
+        ~DepthGuard() { --depth; }
+      } guard(self->macro_depth_);
       auto frame = std::make_shared<Scope>();
       frame->parent = defining.lock();
       size_t n_params = macro->params.size();
@@ -416,7 +426,9 @@ class Interpreter {
     fail("unknown expression");
   }
 
+  static constexpr int kMaxMacroDepth = 200;  // recursion bound: a runaway template fails, not the stack
   Value block_input_;
+  int macro_depth_ = 0;
 };
 
 }  // namespace

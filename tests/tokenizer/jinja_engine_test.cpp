@@ -324,5 +324,19 @@ TEST(JinjaEngine, RuntimeErrorsNameTheConstruct) {
   EXPECT_NE(e4.find("strip"), std::string::npos) << e4;
 }
 
+TEST(JinjaEngine, HostileTemplatesFailCleanly) {
+  std::string e1 = error_of("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+  EXPECT_NE(e1.find("nests deeper than"), std::string::npos) << e1;
+  std::string e2 = error_of("{{ 'ab' * 1000000000 }}");
+  EXPECT_NE(e2.find("repetition"), std::string::npos) << e2;
+  std::string e3 = error_of("{{ range(100000000)|length }}");
+  EXPECT_NE(e3.find("too long"), std::string::npos) << e3;
+}
+
+TEST(JinjaEngine, GenerationTagRendersItsBody) {
+  // transformers' {% generation %} only marks assistant text for training masks.
+  EXPECT_EQ(render("a{% generation %}b{{ 1 }}{% endgeneration %}c"), "ab1c");
+}
+
 }  // namespace
 }  // namespace kiln::jinja
