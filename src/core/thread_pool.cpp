@@ -5,6 +5,19 @@
 #include <algorithm>
 
 namespace kiln {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins before a worker sleeps: a few hundred microseconds, longer than the gaps between
+// the matmuls of a decode step, far shorter than a pause between requests.
+constexpr int kSpinsBeforeSleep = 20000;
+
+}  // namespace
 
 int default_thread_count() {
   cpu_set_t set;
@@ -17,12 +30,12 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : d
 }
 
 ThreadPool::~ThreadPool() {
+  stop_.store(true);
+  generation_.fetch_add(1);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-    generation_.fetch_add(1);
+    wake_.notify_all();
   }
-  wake_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
@@ -31,35 +44,39 @@ void ThreadPool::run(const std::function<void(int)>& fn) {
     fn(0);
     return;
   }
-  {
+  job_.store(&fn, std::memory_order_relaxed);
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1);  // seq_cst: publishes job_ and pending_, ordered before the read below
+  if (sleepers_.load() > 0) {
+    // A worker that counted itself asleep either sees the new generation under the lock,
+    // or is inside wait() and gets this notification.
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    pending_.store(n_threads_ - 1);
-    generation_.fetch_add(1);
+    wake_.notify_all();
   }
-  wake_.notify_all();
   fn(0);
-  while (pending_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+    cpu_relax();
+    if (spin > kSpinsBeforeSleep) std::this_thread::yield();  // a worker was descheduled
+  }
 }
 
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    // Spin a little first: in decode the next job follows within microseconds.
-    for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
+    int spin = 0;
+    while (generation_.load(std::memory_order_acquire) == seen && spin < kSpinsBeforeSleep) {
+      cpu_relax();
+      ++spin;
     }
-    const std::function<void(int)>* job;
-    {
+    if (generation_.load(std::memory_order_acquire) == seen) {
       std::unique_lock<std::mutex> lock(mutex_);
+      sleepers_.fetch_add(1);  // seq_cst, before re-reading the generation
       wake_.wait(lock, [&] { return generation_.load() != seen; });
-      if (stop_) return;
-      seen = generation_.load();
-      job = job_;
+      sleepers_.fetch_sub(1);
     }
-    (*job)(index);
+    seen = generation_.load(std::memory_order_acquire);
+    if (stop_.load()) return;
+    (*job_.load(std::memory_order_relaxed))(index);
     pending_.fetch_sub(1, std::memory_order_release);
   }
 }
@@ -72,10 +89,14 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     fn(0, n);
     return;
   }
-  run([&](int t) {
-    if (t >= chunks) return;
-    const int64_t begin = n * t / chunks, end = n * (t + 1) / chunks;
-    if (begin < end) fn(begin, end);
+  struct Split {
+    int64_t n, chunks;
+    const std::function<void(int64_t, int64_t)>* fn;
+  } split{n, chunks, &fn};
+  run([s = &split](int t) {  // one pointer: fits std::function's inline storage
+    if (t >= s->chunks) return;
+    const int64_t begin = s->n * t / s->chunks, end = s->n * (t + 1) / s->chunks;
+    if (begin < end) (*s->fn)(begin, end);
   });
 }
 

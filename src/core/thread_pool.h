@@ -1,7 +1,10 @@
 #pragma once
 // A fixed pool of worker threads for data-parallel loops. The calling thread takes part,
-// so a pool of N threads runs N-1 workers. Jobs are short and frequent (one per matmul in
-// decode), so workers spin briefly before sleeping.
+// so a pool of N threads runs N-1 workers. Jobs are short and frequent (decode runs about
+// a hundred matmuls per token), so hand-off is lock-free: the caller publishes the job by
+// bumping a generation counter that spinning workers watch; a worker sleeps on a condition
+// variable only after spinning a while with nothing to do, and the caller takes the lock
+// to wake it only when some worker is asleep.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -34,12 +37,13 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // guards sleeping only
   std::condition_variable wake_;
-  const std::function<void(int)>* job_ = nullptr;
+  std::atomic<const std::function<void(int)>*> job_{nullptr};
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
-  bool stop_ = false;
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> stop_{false};
 };
 
 // Threads to use by default: the cores this process may run on.
