@@ -1,14 +1,15 @@
 // `kiln tokenize -m MODEL [--no-bos] [--parse-special] [--pieces] (-f FILE | TEXT)`:
 // prints the token ids of a text, or one "id piece" line per token with --pieces.
+// MODEL: a GGUF file, a Hugging Face tokenizer file, or a directory holding one.
 #include <fmt/core.h>
 
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "tokenizer/hf_files.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln::cli {
@@ -49,23 +50,8 @@ std::string escape_piece(const std::string& piece) {
   return out;
 }
 
-Tokenizer load_tokenizer(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (fs::is_directory(path)) {
-    fail("{} is a directory: kiln tokenize reads the vocabulary of a GGUF file for now", path);
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open {}", path);
-  char magic[4] = {};
-  in.read(magic, 4);
-  if (in.gcount() != 4 || std::string_view(magic, 4) != "GGUF") {
-    fail("{} is not a GGUF file (no GGUF magic); kiln tokenize reads GGUF vocabularies", path);
-  }
-  return Tokenizer::from_gguf(path);
-}
-
 void run(const TokenizeCli& cli) {
-  const Tokenizer tokenizer = load_tokenizer(cli.model);
+  const Tokenizer tokenizer = load_tokenizer(cli.model);  // GGUF, HF file or HF directory
   std::string text = cli.text;
   if (!cli.text_file.empty()) {
     std::ifstream in(cli.text_file, std::ios::binary);
@@ -89,7 +75,7 @@ void run(const TokenizeCli& cli) {
 void register_tokenize(CLI::App& app) {
   auto cli = std::make_shared<TokenizeCli>();
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text");
-  cmd->add_option("-m,--model", cli->model, "Model or vocabulary GGUF file")->required();
+  cmd->add_option("-m,--model", cli->model, "GGUF file, or Hugging Face tokenizer.model / vocab.json / model directory")->required();
   auto* file = cmd->add_option("-f,--file", cli->text_file, "Read the text from this file");
   auto* text = cmd->add_option("text", cli->text, "The text to tokenize");
   file->excludes(text);

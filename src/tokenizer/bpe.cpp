@@ -70,7 +70,8 @@ class ByteLevelBpeModel final : public TokenizerModel {
       const auto l = index_.find(left), r = index_.find(right), m = index_.find(joined);
       // A merge whose parts or result are not tokens can never apply to token ids.
       if (l == index_.end() || r == index_.end() || m == index_.end()) continue;
-      merges_.emplace(pair_key(l->second, r->second), Merge{int32_t(rank), m->second});
+      const int32_t merge_rank = spec.merge_ranks.empty() ? int32_t(rank) : spec.merge_ranks.at(rank);
+      merges_.emplace(pair_key(l->second, r->second), Merge{merge_rank, m->second});
     }
   }
 

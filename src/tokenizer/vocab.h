@@ -57,7 +57,8 @@ struct VocabSpec {
                                      // byte-level BPE the GPT-2 byte-to-unicode alphabet
   std::vector<float> scores;         // SPM merge priorities (empty: all 0)
   std::vector<TokenType> types;      // empty: all normal
-  std::vector<std::pair<std::string, std::string>> merges;  // BPE, rank = index
+  std::vector<std::pair<std::string, std::string>> merges;  // BPE, rank = index ...
+  std::vector<int32_t> merge_ranks;  // ... unless given here (tiktoken: equal ranks exist)
   SpecialIds special;
   bool add_bos = false;
   bool add_eos = false;
