@@ -72,6 +72,9 @@ json parse_json(std::string_view text, const std::string& source, uint64_t base_
     return json::parse(text.begin(), text.end(), check);
   } catch (const json::parse_error& e) {
     fail("{}: malformed JSON near byte offset {}: {}", source, base_offset + (e.byte > 0 ? e.byte - 1 : 0), e.what());
+  } catch (const json::exception& e) {
+    // e.g. out_of_range for a number beyond double's range, which is not a parse_error.
+    fail("{}: malformed JSON (in the {} bytes from offset {}): {}", source, text.size(), base_offset, e.what());
   }
 }
 

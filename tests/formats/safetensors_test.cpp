@@ -258,6 +258,9 @@ TEST(SafetensorsCorruption, HeaderLengthAndJson) {
   open_error(raw_safetensors("{\"a\": ", 0), {"bad.safetensors", "malformed JSON", "byte offset"});
   open_error(raw_safetensors("{\"a\": \xff}", 0), {"bad.safetensors", "malformed JSON"});
   open_error(raw_safetensors("[1, 2]", 0), {"bad.safetensors", "not a JSON object"});
+  // A number beyond double's range: nlohmann reports it as out_of_range, not parse_error
+  // (found by the mutation fuzzer; it used to escape as a non-kiln exception).
+  open_error(raw_safetensors(R"({"w": 1e999})", 0), {"bad.safetensors", "malformed JSON", "number overflow"});
   open_error(raw_safetensors(std::string(200, '[') + std::string(200, ']'), 0), {"bad.safetensors", "nested deeper"});
   EXPECT_NO_THROW(safetensors::File::open_memory(raw_safetensors("{}", 0), "empty.safetensors"));
   EXPECT_NO_THROW(safetensors::File::open_memory(raw_safetensors("{}   ", 0), "padded.safetensors"));
