@@ -7,6 +7,8 @@ void register_commands(CLI::App& app) {
   register_tensor(app);
   register_quantize(app);
   register_tokenize(app);
+  register_run(app);
+  register_chat(app);
 }
 
 }  // namespace kiln::cli

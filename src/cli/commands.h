@@ -11,5 +11,7 @@ void register_info(CLI::App& app);
 void register_tensor(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_run(CLI::App& app);
+void register_chat(CLI::App& app);
 
 }  // namespace kiln::cli

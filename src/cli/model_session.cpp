@@ -1,0 +1,67 @@
+#include "cli/model_session.h"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <filesystem>
+#include <random>
+
+#include "core/error.h"
+#include "runtime/memory_estimate.h"
+
+namespace kiln::cli {
+
+void add_model_options(CLI::App* cmd, ModelOptions& o, bool with_context) {
+  cmd->add_option("-m,--model", o.path, "Model file (GGUF)")->required();
+  cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
+  if (!with_context) return;
+  cmd->add_option("-c,--ctx-size", o.n_ctx, "Context length in tokens (0: the model's training context)")
+      ->capture_default_str();
+  cmd->add_option("-b,--batch-size", o.max_batch, "Most prompt tokens run in one forward pass")->capture_default_str();
+}
+
+LoadedModel load_model(const ModelOptions& o, bool with_tokenizer) {
+  namespace fs = std::filesystem;
+  const auto start = std::chrono::steady_clock::now();
+  if (fs::is_directory(o.path))
+    fail("{} is a directory: kiln runs GGUF files for now (loading Hugging Face checkpoint directories is not "
+         "implemented yet)", o.path);
+  LoadedModel m;
+  m.file = gguf::File::open(o.path);
+  const HParams hp = HParams::from_gguf(*m.file);
+  KILN_CHECK(o.n_ctx >= 0, "context size {} is negative", o.n_ctx);
+  m.n_ctx = o.n_ctx > 0 ? o.n_ctx : (hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096);
+  check_memory_fits(estimate_memory(hp, m.n_ctx, o.max_batch), m.n_ctx);
+
+  m.backend = std::make_unique<CpuBackend>(o.threads);
+  m.model = Model::load(*m.file, *m.backend);
+  if (with_tokenizer) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
+  m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return m;
+}
+
+void add_sampling_options(CLI::App* cmd, SamplingOptions& o) {
+  SamplerParams& p = o.params;
+  cmd->add_option("--temp", p.temperature, "Temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", p.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
+  cmd->add_option("--top-p", p.top_p, "Keep the smallest set of tokens with this much probability (1: off)")
+      ->capture_default_str();
+  cmd->add_option("--min-p", p.min_p, "Drop tokens less likely than min-p times the most likely (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-penalty", p.repeat_penalty, "Penalize repeated tokens (1: off)")->capture_default_str();
+  cmd->add_option("--repeat-last-n", p.penalty_last_n, "Tokens the penalties look back over (-1: all)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", p.presence_penalty, "Subtract from tokens seen (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", p.frequency_penalty, "Subtract per occurrence (0: off)")
+      ->capture_default_str();
+  cmd->add_option("-s,--seed", o.seed, "Random seed (-1: a random one)")->capture_default_str();
+}
+
+SamplerParams SamplingOptions::resolved() const {
+  SamplerParams p = params;
+  p.seed = seed >= 0 ? uint64_t(seed) : (uint64_t(std::random_device{}()) << 32) ^ uint64_t(std::random_device{}());
+  return p;
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,50 @@
+#pragma once
+// What `kiln run`, `chat` and `bench` share: the model options (-m, -c, -t), loading a model
+// with its tokenizer onto the CPU backend, the sampling options, and stderr reports.
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "formats/gguf.h"
+#include "model/model.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln::cli {
+
+struct ModelOptions {
+  std::string path;
+  int n_ctx = 4096;    // 0: the model's training context
+  int threads = 0;     // 0: one per core
+  int max_batch = 512; // prompt tokens per forward pass
+};
+
+// -m/--model, -t/--threads, and (when `with_context`) -c/--ctx-size and -b/--batch-size.
+void add_model_options(CLI::App* cmd, ModelOptions& options, bool with_context = true);
+
+struct LoadedModel {
+  std::unique_ptr<gguf::File> file;
+  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Model> model;
+  std::optional<Tokenizer> tokenizer;
+  int n_ctx = 0;             // the context the caller should allocate
+  double load_seconds = 0;
+};
+
+// Opens the model, checks that a context of options.n_ctx fits in memory (refusing with a
+// clear message otherwise), and loads weights and (when asked) the tokenizer.
+LoadedModel load_model(const ModelOptions& options, bool with_tokenizer = true);
+
+// --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
+// --frequency-penalty, --seed (default: random); resolved() gives the parameters to use.
+struct SamplingOptions {
+  SamplerParams params;
+  int64_t seed = -1;
+  SamplerParams resolved() const;
+};
+void add_sampling_options(CLI::App* cmd, SamplingOptions& options);
+
+}  // namespace kiln::cli

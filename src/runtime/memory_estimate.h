@@ -1,0 +1,27 @@
+#pragma once
+// How much memory a context will take, asked before allocating it, so that a context too
+// large for the machine is refused with a message instead of ending in the OOM killer.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model/hparams.h"
+
+namespace kiln {
+
+struct MemoryEstimate {
+  uint64_t kv_cache_bytes = 0;  // keys and values of every attention layer, f32
+  uint64_t scratch_bytes = 0;   // activations of a batch of `max_batch` tokens, logits
+  uint64_t total() const { return kv_cache_bytes + scratch_bytes; }
+};
+
+// An upper estimate for one sequence of `n_ctx` tokens run in batches of `max_batch`.
+MemoryEstimate estimate_memory(const HParams& hp, int n_ctx, int max_batch, int block_size = 16);
+
+// /proc/meminfo's MemAvailable in bytes, or nullopt when it cannot be read.
+std::optional<uint64_t> available_memory();
+
+// Throws a kiln::Error explaining the shortfall when `estimate` exceeds the available memory.
+void check_memory_fits(const MemoryEstimate& estimate, int n_ctx);
+
+}  // namespace kiln
