@@ -1,0 +1,121 @@
+#include "model/layers.h"
+
+namespace kiln {
+
+Tensor build_embedding(ForwardPass& p) {
+  Tensor x = p.scratch("inp_embd", p.hp.n_embd, p.n_tokens);
+  p.backend.get_rows(p.w.tok_embd, p.tokens, x);
+  p.observe(x, "inp_embd");
+  return x;
+}
+
+void build_norm(ForwardPass& p, const Tensor& x, const Tensor& weight, Tensor& out, std::string_view name, int il) {
+  p.backend.rmsnorm(x, weight, p.hp.rms_eps, out);
+  p.observe(out, name, il);
+}
+
+Tensor build_attention(ForwardPass& p, int il, const Tensor& x) {
+  const HParams& hp = p.hp;
+  const LayerWeights& lw = p.w.layers[size_t(il)];
+  const int64_t T = p.n_tokens;
+  Backend& be = p.backend;
+
+  Tensor q = p.scratch("q", int64_t(hp.n_head) * hp.head_dim_k, T);
+  Tensor k = p.scratch("k", int64_t(hp.n_head_kv) * hp.head_dim_k, T);
+  Tensor v = p.scratch("v", int64_t(hp.n_head_kv) * hp.head_dim_v, T);
+  be.matmul(x, lw.wq, lw.bq, q);
+  be.matmul(x, lw.wk, lw.bk, k);
+  be.matmul(x, lw.wv, lw.bv, v);
+  p.observe(q, "Qcur", il);
+  p.observe(k, "Kcur", il);
+  p.observe(v, "Vcur", il);
+
+  // Heads as rows: {head_dim, heads, T}.
+  Tensor q_heads = q.reshape({hp.head_dim_k, hp.n_head, T});
+  Tensor k_heads = k.reshape({hp.head_dim_k, hp.n_head_kv, T});
+  if (!lw.q_norm.empty()) {
+    be.rmsnorm(q_heads, lw.q_norm, hp.rms_eps, q_heads);
+    p.observe(q, "Qcur_normed", il);
+  }
+  if (!lw.k_norm.empty()) {
+    be.rmsnorm(k_heads, lw.k_norm, hp.rms_eps, k_heads);
+    p.observe(k, "Kcur_normed", il);
+  }
+
+  RopeParams rope;
+  rope.style = hp.rope_style;
+  rope.n_rot = hp.n_rot;
+  rope.freq_base = hp.rope_base;
+  rope.freq_scale = hp.rope_freq_scale;
+  rope.freq_factors = p.w.rope_freqs.empty() ? nullptr : &p.w.rope_freqs;
+  rope.yarn = hp.yarn;
+  be.rope(q_heads, p.index.positions, rope);
+  be.rope(k_heads, p.index.positions, rope);
+  p.observe(q, "Qcur_rope", il);
+  p.observe(k, "Kcur_rope", il);
+
+  KvLayer cache = p.cache.layer(il);
+  be.kv_store(k, v, cache, p.index.slots);
+
+  AttentionParams ap;
+  ap.n_head = hp.n_head;
+  ap.n_head_kv = hp.n_head_kv;
+  ap.head_dim_k = hp.head_dim_k;
+  ap.head_dim_v = hp.head_dim_v;
+  ap.scale = hp.attention_scale();
+  ap.softcap = hp.attn_softcap;
+  ap.sliding_window = hp.uses_window(il) ? hp.sliding_window : 0;
+  ap.sinks = lw.attn_sinks.empty() ? nullptr : &lw.attn_sinks;
+  Tensor attn = p.scratch("attn", int64_t(hp.n_head) * hp.head_dim_v, T);
+  be.attention(q, cache, p.index, ap, attn);
+  p.observe(attn, "kqv_out", il);
+
+  Tensor out = p.scratch("attn_out", hp.n_embd, T);
+  be.matmul(attn, lw.wo, lw.bo, out);
+  p.observe(out, "attn_out", il);
+  return out;
+}
+
+Tensor build_ffn(ForwardPass& p, int il, const Tensor& x, const GluParams& act) {
+  const LayerWeights& lw = p.w.layers[size_t(il)];
+  const int64_t n_ff = lw.ffn_gate.ne[1];
+  Tensor gate = p.scratch("ffn_gate", n_ff, p.n_tokens);
+  Tensor up = p.scratch("ffn_up", n_ff, p.n_tokens);
+  p.backend.matmul(x, lw.ffn_gate, lw.ffn_gate_b, gate);
+  p.backend.matmul(x, lw.ffn_up, lw.ffn_up_b, up);
+  p.backend.glu(gate, up, act, gate);
+  p.observe(gate, "ffn_act", il);
+  Tensor out = p.scratch("ffn_out", p.hp.n_embd, p.n_tokens);
+  p.backend.matmul(gate, lw.ffn_down, lw.ffn_down_b, out);
+  p.observe(out, "ffn_out", il);
+  return out;
+}
+
+Tensor build_moe(ForwardPass& p, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act) {
+  const LayerWeights& lw = p.w.layers[size_t(il)];
+  Tensor router = p.scratch("ffn_moe_logits", lw.moe_router.ne[1], p.n_tokens);
+  p.backend.matmul(x, lw.moe_router, lw.moe_router_b, router);
+  p.observe(router, "ffn_moe_logits", il);
+  Tensor ids = p.scratch("ffn_moe_ids", route.n_used, p.n_tokens, GgmlType::I32);
+  Tensor weights = p.scratch("ffn_moe_weights", route.n_used, p.n_tokens);
+  p.backend.moe_route(router, route, ids, weights);
+  p.observe(weights, "ffn_moe_weights", il);
+  ExpertWeights experts{lw.exp_gate, lw.exp_up, lw.exp_down, lw.exp_gate_b, lw.exp_up_b, lw.exp_down_b};
+  Tensor out = p.scratch("ffn_moe_out", p.hp.n_embd, p.n_tokens);
+  p.backend.moe_ffn(x, experts, ids, weights, act, out);
+  p.observe(out, "ffn_moe_out", il);
+  return out;
+}
+
+void build_output(ForwardPass& p, const Tensor& x) {
+  if (p.n_outputs == 0) return;
+  Tensor rows = p.scratch("out_rows", p.hp.n_embd, p.n_outputs);
+  p.backend.get_rows(x, p.output_rows, rows);
+  p.backend.rmsnorm(rows, p.w.output_norm, p.hp.rms_eps, rows);
+  p.observe(rows, "result_norm");
+  p.backend.matmul(rows, p.w.lm_head(), Tensor{}, p.logits);
+  if (p.hp.final_softcap > 0) p.backend.softcap(p.logits, p.hp.final_softcap, p.logits);
+  p.observe(p.logits, "result_output");
+}
+
+}  // namespace kiln

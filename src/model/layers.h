@@ -1,0 +1,33 @@
+#pragma once
+// Layer helpers shared by the architectures: each builds one familiar block from backend
+// ops, reads the weights of layer `il` from pass.w, writes into named scratch buffers
+// (reused by every layer) and reports its result to the debug hook under the name given.
+// What varies between architectures is passed in or read from the weights present
+// (biases, q/k norms, sinks) and from HParams (window, soft-capping, rope).
+#include "model/forward.h"
+
+namespace kiln {
+
+// Token embeddings of the batch: {n_embd, T} ("inp_embd").
+Tensor build_embedding(ForwardPass& pass);
+
+// out = rmsnorm(x) * weight ("name", layer il).
+void build_norm(ForwardPass& pass, const Tensor& x, const Tensor& weight, Tensor& out, std::string_view name, int il);
+
+// Self-attention of layer il on the normed input: q/k/v projections (+ biases), optional
+// per-head q/k norms, rope, store into the cache, attention, output projection.
+// Returns {n_embd, T} ("attn_out").
+Tensor build_attention(ForwardPass& pass, int il, const Tensor& x);
+
+// Gated FFN: down(act(gate(x)) * up(x)). Returns {n_embd, T} ("ffn_out").
+Tensor build_ffn(ForwardPass& pass, int il, const Tensor& x, const GluParams& act);
+
+// Routed experts: router logits, top-k choice, weighted sum of the experts' gated FFNs.
+// Returns {n_embd, T} ("ffn_moe_out").
+Tensor build_moe(ForwardPass& pass, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act);
+
+// The head: picks the rows whose logits are wanted, final norm, output projection,
+// final soft-capping when the model has it; writes pass.logits ("result_output").
+void build_output(ForwardPass& pass, const Tensor& x);
+
+}  // namespace kiln

@@ -1,0 +1,121 @@
+#include "model/model.h"
+
+#include <algorithm>
+
+#include "formats/gguf.h"
+
+namespace kiln {
+
+int64_t Batch::n_outputs() const {
+  return std::count_if(want_logits.begin(), want_logits.end(), [](uint8_t w) { return w != 0; });
+}
+
+Tensor ScratchPool::get(Backend& backend, const std::string& name, GgmlType dtype, int64_t ne0, int64_t ne1) {
+  const size_t need = *row_bytes(dtype, ne0) * size_t(std::max<int64_t>(ne1, 1));
+  auto it = buffers_.find(name);
+  if (it == buffers_.end() || it->second->size() < need) {
+    auto buffer = backend.allocate(need);
+    it = buffers_.insert_or_assign(name, std::move(buffer)).first;
+  }
+  return it->second->view(dtype, {ne0, ne1}, 0, it->first);
+}
+
+std::unique_ptr<Model> Model::load(const gguf::File& file, Backend& backend) {
+  std::unique_ptr<Model> m(new Model(backend));
+  m->hp_ = HParams::from_gguf(file);
+  m->arch_ = find_architecture(m->hp_.arch);
+  if (!m->arch_) {
+    std::string known;
+    for (std::string_view n : architecture_names()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
+    fail("{}: architecture '{}' is not supported (known: {})", file.paths().front(), m->hp_.arch, known);
+  }
+  if (m->arch_->configure) m->arch_->configure(m->hp_, file);
+  m->weights_ = load_weights(file, backend, m->hp_, m->arch_->global_weights, m->arch_->layer_weights);
+  KILN_CHECK(!m->weights_.tok_embd.empty() && m->hp_.n_vocab > 0, "{}: no token embedding",
+             file.paths().front());
+  return m;
+}
+
+KvCacheConfig Model::cache_config(int n_ctx, int max_seqs, int block_size) const {
+  KvCacheConfig c;
+  c.n_layer = hp_.n_layer;
+  c.n_head_kv = hp_.n_head_kv;
+  c.head_dim_k = hp_.head_dim_k;
+  c.head_dim_v = hp_.head_dim_v;
+  c.n_ctx = n_ctx > 0 ? n_ctx : (hp_.n_ctx_train > 0 ? hp_.n_ctx_train : 4096);
+  c.max_seqs = max_seqs;
+  c.block_size = block_size;
+  // Hybrid models: linear-attention layers keep recurrent state instead of keys and values.
+  const HParams::LinearAttention& la = hp_.linear;
+  if (!la.layer_is_recurrent.empty()) {
+    c.layer_has_kv.resize(size_t(hp_.n_layer));
+    for (int il = 0; il < hp_.n_layer; ++il) c.layer_has_kv[size_t(il)] = !la.layer_is_recurrent[size_t(il)];
+    c.recurrent.layer_has_state = la.layer_is_recurrent;
+    c.recurrent.conv_channels = 2 * la.n_k_heads * la.head_dim_k + la.n_v_heads * la.head_dim_v;
+    c.recurrent.conv_kernel = la.conv_kernel;
+    c.recurrent.n_v_heads = la.n_v_heads;
+    c.recurrent.head_dim_k = la.head_dim_k;
+    c.recurrent.head_dim_v = la.head_dim_v;
+  }
+  return c;
+}
+
+std::vector<float> Model::forward(const Batch& batch, KvCache& cache) {
+  std::vector<float> logits(size_t(batch.n_outputs()) * size_t(hp_.n_vocab));
+  forward(batch, cache, logits.data());
+  return logits;
+}
+
+void Model::forward(const Batch& batch, KvCache& cache, float* logits) {
+  const int64_t n = batch.size();
+  KILN_CHECK(n > 0, "forward: empty batch");
+  KILN_CHECK(batch.positions.size() == size_t(n) && batch.seq_ids.size() == size_t(n) &&
+                 batch.want_logits.size() == size_t(n),
+             "forward: batch has {} tokens but {} positions, {} sequence ids, {} logit flags", n,
+             batch.positions.size(), batch.seq_ids.size(), batch.want_logits.size());
+  // Make room in the cache and find each token's slot (host work, before any device op).
+  host_rows_.clear();
+  host_slots_.resize(size_t(n));
+  int32_t max_position = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int seq = batch.seq_ids[size_t(t)];
+    const int32_t pos = batch.positions[size_t(t)];
+    const int32_t token = batch.tokens[size_t(t)];
+    KILN_CHECK(token >= 0 && token < hp_.n_vocab, "forward: token {} at batch row {} outside the vocabulary of {}",
+               token, t, hp_.n_vocab);
+    KILN_CHECK(cache.has_sequence(seq), "forward: batch row {} names sequence {}, which the cache does not hold", t,
+               seq);
+    KILN_CHECK(pos >= 0, "forward: negative position {} at batch row {}", pos, t);
+    cache.reserve(seq, int64_t(pos) + 1);
+    host_slots_[size_t(t)] = cache.slot(seq, pos);
+    max_position = std::max(max_position, pos);
+    if (batch.want_logits[size_t(t)]) host_rows_.push_back(int32_t(t));
+  }
+  const int64_t n_out = int64_t(host_rows_.size());
+
+  ForwardPass pass{backend_, hp_, weights_, cache, scratch_, hook_};
+  pass.n_tokens = n;
+  pass.n_outputs = n_out;
+  auto upload_i32 = [&](const char* name, const int32_t* data, int64_t count) {
+    Tensor t = pass.scratch(name, std::max<int64_t>(count, 1), 1, GgmlType::I32).reshape({std::max<int64_t>(count, 1)});
+    if (count > 0) backend_.upload(data, t, size_t(count) * sizeof(int32_t));
+    return t;
+  };
+  pass.tokens = upload_i32("in_tokens", batch.tokens.data(), n);
+  pass.index.positions = upload_i32("in_positions", batch.positions.data(), n);
+  pass.index.seq_rows = upload_i32("in_seq_rows", batch.seq_ids.data(), n);
+  pass.index.slots = upload_i32("in_slots", host_slots_.data(), n);
+  pass.output_rows = upload_i32("in_output_rows", host_rows_.data(), n_out);
+  cache.sync(backend_);
+  pass.index.block_tables = cache.block_tables();
+  pass.index.max_position = max_position;
+  // With no logits wanted the pass still runs: it fills the cache (the head is skipped).
+  pass.logits = pass.scratch("logits", hp_.n_vocab, std::max<int64_t>(n_out, 1)).rows_view(0, n_out);
+
+  arch_->forward(pass);
+
+  backend_.synchronize();
+  if (n_out > 0) backend_.download(pass.logits, logits, size_t(n_out) * size_t(hp_.n_vocab) * sizeof(float));
+}
+
+}  // namespace kiln
