@@ -4,9 +4,9 @@
 //
 // Paths:
 // - decode (n_tokens <= kDecodeMaxTokens): rows split over threads; each row is read once
-//   and dotted with every token. q4_0 / q8_0 / q4_K / q6_K on AVX-512 VNNI use direct int8 kernels with
-//   the activations quantized once per call; other types dequantize a row to f32 (or read
-//   f32 / f16 / bf16 directly) and take f32 dot products.
+//   and dotted with every token. On AVX-512 VNNI, q4_0 q4_1 q5_0 q5_1 iq4_nl q8_0 q4_K q6_K
+//   use direct int8 kernels with the activations quantized once per call; other types
+//   dequantize a row to f32 (or read f32 / f16 / bf16 directly) and take f32 dot products.
 // - prefill, integer weight types on AVX-512 VNNI: activations quantized once into 16-token
 //   int8 panels; each tile of 8 weight rows is unpacked once to int8 and multiplied with
 //   every panel (vpdpbusd).
@@ -117,6 +117,10 @@ using DecodeKernel = void (*)(const uint8_t*, size_t, int64_t, int64_t, const De
 DecodeKernel int8_decode_kernel(GgmlType type) {
   switch (type) {
     case GgmlType::Q4_0: return avx512::decode_q4_0;
+    case GgmlType::Q4_1: return avx512::decode_q4_1;
+    case GgmlType::Q5_0: return avx512::decode_q5_0;
+    case GgmlType::Q5_1: return avx512::decode_q5_1;
+    case GgmlType::IQ4_NL: return avx512::decode_iq4_nl;
     case GgmlType::Q8_0: return avx512::decode_q8_0;
     case GgmlType::Q4_K: return avx512::decode_q4_K;
     case GgmlType::Q6_K: return avx512::decode_q6_K;

@@ -77,6 +77,14 @@ void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, con
                  int n_tokens, float* y, int64_t y_stride);
 void decode_q8_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
                  int n_tokens, float* y, int64_t y_stride);
+void decode_q4_1(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                 int n_tokens, float* y, int64_t y_stride);
+void decode_q5_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                 int n_tokens, float* y, int64_t y_stride);
+void decode_q5_1(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                 int n_tokens, float* y, int64_t y_stride);
+void decode_iq4_nl(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                   int n_tokens, float* y, int64_t y_stride);
 void decode_q4_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
                  int n_tokens, float* y, int64_t y_stride);
 void decode_q6_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
