@@ -12,7 +12,14 @@ endif()
 # PCRE2 (8-bit code units, UTF mode) for the pre-tokenizer regular expressions.
 # KILN_PCRE2_ROOT points at an unpacked package tree where the system has none.
 find_path(PCRE2_INCLUDE_DIR pcre2.h HINTS ${KILN_PCRE2_ROOT}/include REQUIRED)
-find_library(PCRE2_LIBRARY NAMES pcre2-8 libpcre2-8.a
+# From an unpacked package tree take the static library: its shared one points at a runtime
+# package the tree may not hold.
+if(KILN_PCRE2_ROOT)
+  set(KILN_PCRE2_NAMES libpcre2-8.a pcre2-8)
+else()
+  set(KILN_PCRE2_NAMES pcre2-8 libpcre2-8.a)
+endif()
+find_library(PCRE2_LIBRARY NAMES ${KILN_PCRE2_NAMES}
              HINTS ${KILN_PCRE2_ROOT}/lib ${KILN_PCRE2_ROOT}/lib/x86_64-linux-gnu REQUIRED)
 add_library(kiln_pcre2 INTERFACE)
 target_include_directories(kiln_pcre2 INTERFACE ${PCRE2_INCLUDE_DIR})

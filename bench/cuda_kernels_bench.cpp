@@ -1,0 +1,476 @@
+// GPU kernel benchmarks (a plain program, not a test): times kiln's CUDA kernels with CUDA
+// events -- the median of many samples, each a batch of launches replayed from a CUDA graph
+// where the kernels are small -- over weight copies rotated so that their total exceeds
+// the L2 cache. Prints GB/s of bytes that must move (weights, caches) or TFLOP/s, against
+// the device-to-device copy bandwidth it measures first.
+//
+//   bench_cuda_kernels_bench [--quick]
+#include <cublas_v2.h>
+#include <cuda_runtime.h>  // the typed cudaMalloc overloads
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/dequant.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/matvec.h"
+#include "backend/cuda/ops.h"
+#include "core/half.h"
+#include "quant/types.h"
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::cuda;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "bench: %s: %s\n", what, s.message().c_str());
+    std::exit(1);
+  }
+}
+
+constexpr size_t kRotateBytes = size_t(256) << 20;  // > 50-60 MB of L2, several times
+
+struct Rng {  // splitmix64: fast enough to fill hundreds of MB
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return float(next() >> 40) / float(1 << 24) * 2.0f - 1.0f; }
+};
+
+// Random weights of `type`: random quant bytes, finite scales (as the tests make them).
+std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, Rng& rng) {
+  const TypeTraits& t = traits(type);
+  const int64_t row_bytes = cols / t.block_size * t.type_size;
+  std::vector<uint8_t> w(size_t(rows * row_bytes));
+  if (!t.is_quantized) {
+    for (size_t i = 0; i < w.size() / t.type_size; ++i) {
+      const float v = rng.uniform();
+      if (type == GgmlType::F32) std::memcpy(&w[4 * i], &v, 4);
+      const uint16_t h = type == GgmlType::F16 ? f32_to_f16(v) : f32_to_bf16(v);
+      if (type != GgmlType::F32) std::memcpy(&w[2 * i], &h, 2);
+    }
+    return w;
+  }
+  for (size_t i = 0; i + 8 <= w.size(); i += 8) {
+    const uint64_t r = rng.next();
+    std::memcpy(&w[i], &r, 8);
+  }
+  std::vector<int> fields;
+  switch (type) {
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: fields = {0, 2}; break;
+    case GgmlType::Q2_K: fields = {80, 82}; break;
+    case GgmlType::Q3_K: fields = {108}; break;
+    case GgmlType::Q6_K: fields = {208}; break;
+    case GgmlType::MXFP4: break;
+    default: fields = {0};
+  }
+  for (size_t b = 0; b < w.size() / t.type_size; ++b) {
+    uint8_t* block = &w[b * t.type_size];
+    for (int off : fields) {
+      const uint16_t h = f32_to_f16(0.01f * rng.uniform());
+      std::memcpy(block + off, &h, 2);
+    }
+    if (type == GgmlType::MXFP4) block[0] = uint8_t(118 + rng.next() % 16);
+  }
+  return w;
+}
+
+// Device copies of one weight matrix, enough of them to exceed kRotateBytes.
+struct Rotation {
+  std::vector<void*> copies;
+  size_t bytes = 0;
+  Rotation(const std::vector<uint8_t>& host, size_t min_copies = 2) : bytes(host.size()) {
+    const size_t n = std::max(min_copies, (kRotateBytes + bytes - 1) / bytes);
+    for (size_t i = 0; i < n; ++i) {
+      void* p = nullptr;
+      check(cudaMalloc(&p, bytes + 16), "cudaMalloc weights");
+      if (i == 0)
+        check(cudaMemcpy(p, host.data(), bytes, cudaMemcpyHostToDevice), "upload");
+      else
+        check(cudaMemcpy(p, copies[0], bytes, cudaMemcpyDeviceToDevice), "replicate");
+      copies.push_back(p);
+    }
+  }
+  ~Rotation() {
+    for (void* p : copies) cudaFree(p);
+  }
+  void* operator[](size_t i) const { return copies[i % copies.size()]; }
+};
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Microseconds per call: `batch` calls of launch(i) captured into a graph, replayed
+// `samples` times between events after warm-up; the median replay over batch.
+double time_graph(cudaStream_t s, int batch, int samples, const std::function<void(int)>& launch) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int i = 0; i < batch; ++i) launch(i);
+  check(cudaStreamEndCapture(s, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(exec, s), "graph launch");
+  std::vector<float> ms;
+  for (int i = 0; i < samples; ++i) {
+    cudaEventRecord(a, s);
+    cudaGraphLaunch(exec, s);
+    cudaEventRecord(b, s);
+    check(cudaEventSynchronize(b), "replay");
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return double(median(ms)) * 1000.0 / batch;
+}
+
+// The same, launching directly (for cuBLAS calls, which are long enough).
+double time_direct(cudaStream_t s, int batch, int samples, const std::function<void(int)>& launch) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 2; ++i) launch(i);
+  check(cudaStreamSynchronize(s), "warm-up");
+  std::vector<float> ms;
+  for (int i = 0; i < samples; ++i) {
+    cudaEventRecord(a, s);
+    for (int j = 0; j < batch; ++j) launch(j);
+    cudaEventRecord(b, s);
+    check(cudaEventSynchronize(b), "timed batch");
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(median(ms)) * 1000.0 / batch;
+}
+
+struct Row {
+  std::string kernel, shape, detail;
+  double us, rate;  // GB/s or TFLOP/s
+  std::string unit;
+  double pct;       // of the copy bandwidth or of the bf16 peak
+};
+std::vector<Row> g_rows;
+double g_copy_gbs = 0;
+constexpr double kBf16PeakTflops = 790.0;  // measured on an H200 of this workplace (device KINDS.md)
+
+void report(const Row& r) {
+  g_rows.push_back(r);
+  std::printf("%-22s %-22s %-16s %10.2f us %9.1f %-7s %5.1f%%\n", r.kernel.c_str(), r.shape.c_str(), r.detail.c_str(),
+              r.us, r.rate, r.unit.c_str(), r.pct);
+  std::fflush(stdout);
+}
+
+void bench_copy(cudaStream_t s) {
+  const size_t bytes = size_t(1) << 30;
+  void *a = nullptr, *b = nullptr;
+  check(cudaMalloc(&a, bytes), "malloc");
+  check(cudaMalloc(&b, bytes), "malloc");
+  cudaMemsetAsync(a, 1, bytes, s);
+  const double us = time_direct(s, 1, 15, [&](int) { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s); });
+  g_copy_gbs = 2.0 * bytes / us / 1e3;
+  report({"copy d2d", "1 GiB", "read+write", us, g_copy_gbs, "GB/s", 100.0});
+  cudaFree(a);
+  cudaFree(b);
+}
+
+void bench_matvec(cudaStream_t s, GgmlType type, int64_t rows, int64_t cols, int rows_per_block, bool quick) {
+  Rng rng{uint64_t(type) * 7919 + uint64_t(rows)};
+  const std::vector<uint8_t> host = random_weights(type, rows, cols, rng);
+  const Rotation w(host);
+  std::vector<float> xh(static_cast<size_t>(cols));
+  for (float& v : xh) v = rng.uniform();
+  float *x = nullptr, *y = nullptr;
+  void* scratch = nullptr;
+  check(cudaMalloc(&x, cols * 4), "malloc");
+  check(cudaMalloc(&y, rows * 4), "malloc");
+  const size_t scratch_bytes = std::max<size_t>(16, matvec_scratch_bytes(type, cols));
+  check(cudaMalloc(&scratch, scratch_bytes), "malloc");
+  cudaMemcpy(x, xh.data(), cols * 4, cudaMemcpyHostToDevice);
+  MatvecArgs a;
+  a.type = type;
+  a.w_row_bytes = int64_t(host.size() / rows);
+  a.rows = rows;
+  a.cols = cols;
+  a.x = x;
+  a.y = y;
+  a.rows_per_block = rows_per_block;
+  const double us = time_graph(s, 20, quick ? 5 : 15, [&](int i) {
+    MatvecArgs c = a;
+    c.w = w[size_t(i)];
+    check(matvec(c, scratch, scratch_bytes, s), "matvec");
+  });
+  const double gbs = double(host.size()) / us / 1e3;
+  report({"matvec" + std::string(rows_per_block ? " rpb" + std::to_string(rows_per_block) : ""),
+          std::to_string(rows) + "x" + std::to_string(cols), std::string(type_name(type)), us, gbs, "GB/s",
+          100.0 * gbs / g_copy_gbs});
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(scratch);
+}
+
+void bench_gemm(cudaStream_t s, cublasHandle_t blas, GgmlType type, int64_t t, int64_t n, int64_t k, bool quick) {
+  Rng rng{uint64_t(type) * 104729 + uint64_t(n)};
+  const std::vector<uint8_t> host = random_weights(type, n, k, rng);
+  const Rotation w(host, 2);
+  std::vector<float> xh(size_t(t * k));
+  for (float& v : xh) v = rng.uniform();
+  float *x = nullptr, *y = nullptr;
+  void* scratch = nullptr;
+  check(cudaMalloc(&x, xh.size() * 4), "malloc");
+  check(cudaMalloc(&y, size_t(t * n) * 4), "malloc");
+  cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice);
+  GemmArgs a;
+  a.type = type;
+  a.w_row_bytes = int64_t(host.size() / n);
+  a.n = n;
+  a.k = k;
+  a.x = x;
+  a.x_stride = k;
+  a.t = t;
+  a.y = y;
+  a.y_stride = n;
+  const size_t scratch_bytes = gemm_scratch_bytes(a);
+  check(cudaMalloc(&scratch, std::max<size_t>(256, scratch_bytes)), "malloc");
+  const double flop = 2.0 * double(t) * double(n) * double(k);
+  const std::string shape = std::to_string(t) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  const double us = time_direct(s, 5, quick ? 3 : 9, [&](int i) {
+    GemmArgs c = a;
+    c.w = w[size_t(i)];
+    check(gemm(c, blas, scratch, scratch_bytes, s), "gemm");
+  });
+  report({"gemm", shape, std::string(type_name(type)), us, flop / us / 1e6, "TFLOP/s", 100.0 * flop / us / 1e6 / kBf16PeakTflops});
+  if (traits(type).is_quantized) {
+    // The dequantization pass alone, and the bytes it moves (weights in, bf16 out).
+    const double dus = time_direct(s, 5, quick ? 3 : 9, [&](int i) {
+      DequantArgs d;
+      d.type = type;
+      d.src = w[size_t(i)];
+      d.src_row_bytes = a.w_row_bytes;
+      d.rows = n;
+      d.cols = k;
+      d.dst = static_cast<uint8_t*>(scratch) + ((size_t(t) * k * 2 + 255) / 256 * 256);
+      d.dst_stride = k;
+      d.out = OutType::BF16;
+      check(dequantize_rows(d, s), "dequantize");
+    });
+    const double moved = double(host.size()) + double(n) * double(k) * 2.0;
+    report({"  dequant->bf16", std::to_string(n) + "x" + std::to_string(k), std::string(type_name(type)), dus,
+            moved / dus / 1e3, "GB/s", 100.0 * moved / dus / 1e3 / g_copy_gbs});
+  }
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(scratch);
+}
+
+void bench_attention(cudaStream_t s, int n_seq, int ctx, bool quick) {
+  const int n_head = 32, n_kv = 8, D = 128, bs = 16;
+  const int blocks_per_seq = (ctx + bs - 1) / bs;
+  const size_t slot_bytes = size_t(n_kv) * D * 2;
+  const size_t layer_bytes = size_t(n_seq) * blocks_per_seq * bs * slot_bytes;  // one of K, V
+  const int layers = int(std::max<size_t>(2, (kRotateBytes + 2 * layer_bytes - 1) / (2 * layer_bytes)));
+  void *k = nullptr, *v = nullptr, *scratch = nullptr;
+  float *q = nullptr, *out = nullptr;
+  int32_t *tables = nullptr, *pos = nullptr;
+  check(cudaMalloc(&k, layer_bytes * layers), "malloc k");
+  check(cudaMalloc(&v, layer_bytes * layers), "malloc v");
+  cudaMemset(k, 0x3c, layer_bytes * layers);  // f16 values near 1: finite, not zero
+  cudaMemset(v, 0x3a, layer_bytes * layers);
+  std::vector<int32_t> th(size_t(n_seq) * blocks_per_seq), ph(size_t(n_seq), ctx - 1);
+  for (size_t i = 0; i < th.size(); ++i) th[i] = int32_t((i * 7919) % th.size());  // scattered blocks
+  std::vector<float> qh(size_t(n_seq) * n_head * D);
+  Rng rng{42};
+  for (float& x : qh) x = rng.uniform();
+  check(cudaMalloc(&tables, th.size() * 4), "malloc");
+  check(cudaMalloc(&pos, ph.size() * 4), "malloc");
+  check(cudaMalloc(&q, qh.size() * 4), "malloc");
+  check(cudaMalloc(&out, qh.size() * 4), "malloc");
+  cudaMemcpy(tables, th.data(), th.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(pos, ph.data(), ph.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(q, qh.data(), qh.size() * 4, cudaMemcpyHostToDevice);
+  DecodeAttentionArgs a;
+  a.q = q;
+  a.q_stride = n_head * D;
+  a.k_slot_stride = a.v_slot_stride = n_kv * D;
+  a.cache_type = GgmlType::F16;
+  a.block_tables = tables;
+  a.block_table_stride = blocks_per_seq;
+  a.block_size = bs;
+  a.positions = pos;
+  a.n_seq = n_seq;
+  a.n_head = n_head;
+  a.n_head_kv = n_kv;
+  a.head_dim = D;
+  a.max_context = ctx;
+  a.scale = 1.0f / std::sqrt(float(D));
+  a.out = out;
+  a.out_stride = n_head * D;
+  const size_t scratch_bytes = std::max<size_t>(16, decode_attention_scratch_bytes(a));
+  check(cudaMalloc(&scratch, scratch_bytes), "malloc");
+  const double us = time_graph(s, 10, quick ? 5 : 15, [&](int i) {
+    DecodeAttentionArgs c = a;
+    c.k_cache = static_cast<uint8_t*>(k) + size_t(i % layers) * layer_bytes;
+    c.v_cache = static_cast<uint8_t*>(v) + size_t(i % layers) * layer_bytes;
+    check(decode_attention(c, scratch, scratch_bytes, s), "attention");
+  });
+  const double bytes = 2.0 * n_seq * double(ctx) * slot_bytes;
+  report({"decode attention", "seq " + std::to_string(n_seq) + " ctx " + std::to_string(ctx), "f16 32/8x128", us,
+          bytes / us / 1e3, "GB/s", 100.0 * bytes / us / 1e3 / g_copy_gbs});
+  for (void* p : {k, v, scratch, static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(tables),
+                  static_cast<void*>(pos)})
+    cudaFree(p);
+}
+
+void bench_small_ops(cudaStream_t s) {
+  const int64_t T = 512, D = 4096, F = 14336, V = 128256;
+  float *x = nullptr, *h = nullptr, *y = nullptr, *wgt = nullptr, *g = nullptr, *u = nullptr, *logits = nullptr;
+  int32_t *pos = nullptr, *ids = nullptr, *am = nullptr;
+  check(cudaMalloc(&x, T * D * 4), "malloc");
+  check(cudaMalloc(&h, T * D * 4), "malloc");
+  check(cudaMalloc(&y, T * D * 4), "malloc");
+  check(cudaMalloc(&wgt, D * 4), "malloc");
+  check(cudaMalloc(&g, T * F * 4), "malloc");
+  check(cudaMalloc(&u, T * F * 4), "malloc");
+  check(cudaMalloc(&logits, 32 * V * 4), "malloc");
+  check(cudaMalloc(&pos, T * 4), "malloc");
+  check(cudaMalloc(&ids, T * 4), "malloc");
+  check(cudaMalloc(&am, 32 * 4), "malloc");
+  cudaMemset(x, 0x3f, T * D * 4);
+  cudaMemset(h, 0x3e, T * D * 4);
+  cudaMemset(wgt, 0x3f, D * 4);
+  cudaMemset(g, 0x3f, T * F * 4);
+  cudaMemset(u, 0x3e, T * F * 4);
+  cudaMemset(logits, 0x3d, 32 * V * 4);
+  std::vector<int32_t> ph(T);
+  for (int64_t i = 0; i < T; ++i) ph[i] = int32_t(i * 37 % 8192);
+  cudaMemcpy(pos, ph.data(), T * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(ids, ph.data(), T * 4, cudaMemcpyHostToDevice);
+
+  for (int64_t rows : {int64_t(1), T}) {
+    RmsNormArgs a;
+    a.x = x, a.x_stride = D, a.residual = h, a.residual_stride = D, a.weight = wgt, a.rows = rows, a.dim = D, a.y = y,
+    a.y_stride = D;
+    const double us = time_graph(s, 20, 15, [&](int) { check(rmsnorm(a, s), "rmsnorm"); });
+    const double bytes = double(rows) * D * 4 * 4;  // x, residual in and out, y
+    report({"add+rmsnorm", std::to_string(rows) + "x" + std::to_string(D), "f32", us, bytes / us / 1e3, "GB/s",
+            100.0 * bytes / us / 1e3 / g_copy_gbs});
+  }
+  {
+    RopeArgs a;
+    a.x = x, a.token_stride = D, a.head_stride = 128, a.n_tokens = T, a.n_heads = 32, a.head_dim = 128,
+    a.positions = pos, a.n_rot = 128, a.neox = false, a.freq_base = 500000.0f;
+    const double us = time_graph(s, 20, 15, [&](int) { check(rope(a, s), "rope"); });
+    const double bytes = double(T) * D * 8;
+    report({"rope", "512x32x128", "normal", us, bytes / us / 1e3, "GB/s", 100.0 * bytes / us / 1e3 / g_copy_gbs});
+  }
+  for (int64_t rows : {int64_t(1), T}) {
+    GluArgs a;
+    a.gate = g, a.gate_stride = F, a.up = u, a.up_stride = F, a.rows = rows, a.n = F, a.out = g, a.out_stride = F;
+    const double us = time_graph(s, 20, 15, [&](int) { check(glu(a, s), "glu"); });
+    const double bytes = double(rows) * F * 12;
+    report({"silu*mul", std::to_string(rows) + "x" + std::to_string(F), "f32", us, bytes / us / 1e3, "GB/s",
+            100.0 * bytes / us / 1e3 / g_copy_gbs});
+  }
+  {
+    Rng rng{5};
+    const std::vector<uint8_t> table = random_weights(GgmlType::Q4_K, 32000, D, rng);
+    void* tab = nullptr;
+    check(cudaMalloc(&tab, table.size() + 16), "malloc");
+    cudaMemcpy(tab, table.data(), table.size(), cudaMemcpyHostToDevice);
+    const double us = time_graph(s, 20, 15, [&](int) {
+      check(get_rows(GgmlType::Q4_K, tab, int64_t(table.size() / 32000), 32000, D, ids, T, y, D, s), "get_rows");
+    });
+    const double bytes = double(T) * D * (4.0 + 144.0 / 256.0);
+    report({"get_rows", "512 of 32000x4096", "q4_K", us, bytes / us / 1e3, "GB/s", 100.0 * bytes / us / 1e3 / g_copy_gbs});
+    cudaFree(tab);
+  }
+  for (int64_t rows : {int64_t(1), int64_t(32)}) {
+    const double us = time_graph(s, 20, 15, [&](int) { check(argmax_rows(logits, V, rows, V, am, s), "argmax"); });
+    const double bytes = double(rows) * V * 4;
+    report({"argmax", std::to_string(rows) + "x" + std::to_string(V), "f32", us, bytes / us / 1e3, "GB/s",
+            100.0 * bytes / us / 1e3 / g_copy_gbs});
+  }
+  for (void* p : {static_cast<void*>(x), static_cast<void*>(h), static_cast<void*>(y), static_cast<void*>(wgt),
+                  static_cast<void*>(g), static_cast<void*>(u), static_cast<void*>(logits), static_cast<void*>(pos),
+                  static_cast<void*>(ids), static_cast<void*>(am)})
+    cudaFree(p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::string why;
+  const auto devices = list_devices(&why);
+  if (devices.empty()) {
+    std::printf("bench: no CUDA device (%s)\n", why.c_str());
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device: %s, %d SMs, L2 %d MB, %.0f GB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              double(prop.totalGlobalMem) / 1e9);
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  cublasHandle_t blas;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "bench: cublasCreate failed\n");
+    return 1;
+  }
+
+  bench_copy(s);
+  const int64_t shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+  const GgmlType main_types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16};
+  const GgmlType more_types[] = {GgmlType::Q5_K, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::Q5_0,
+                                 GgmlType::Q4_1, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+  for (GgmlType t : main_types)
+    for (const auto& sh : shapes) bench_matvec(s, t, sh[0], sh[1], 0, quick);
+  for (GgmlType t : more_types) bench_matvec(s, t, 4096, 4096, 0, quick);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::F16})
+    for (int rpb : {1, 2, 4}) bench_matvec(s, t, 4096, 4096, rpb, quick);
+
+  for (GgmlType t : {GgmlType::BF16, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+    for (const auto& sh : shapes) bench_gemm(s, blas, t, 512, sh[0], sh[1], quick);
+
+  for (int n_seq : {1, 8})
+    for (int ctx : {1024, 4096, 16384, 32768}) bench_attention(s, n_seq, ctx, quick);
+  bench_small_ops(s);
+
+  std::printf("\n== summary (%s) ==\n", prop.name);
+  for (const Row& r : g_rows)
+    std::printf("%-22s %-22s %-12s %9.2f us %8.1f %-7s %5.1f%%\n", r.kernel.c_str(), r.shape.c_str(), r.detail.c_str(), r.us,
+                r.rate, r.unit.c_str(), r.pct);
+  cublasDestroy(blas);
+  cudaStreamDestroy(s);
+  return 0;
+}

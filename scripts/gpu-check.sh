@@ -1,0 +1,55 @@
+#!/bin/bash
+# Builds kiln's CUDA kernels, their tests and benchmarks on the lent GPU machine and runs
+# them in one go; every log lands under $OUT (the device tool brings that folder back).
+# Run from the repository root, with .devicedeps carried (see ../shared/tools/device-deps.sh):
+#
+#   scripts/gpu-check.sh [all|test|bench] [extra gtest filter]
+#
+# Steps are time-boxed so that the call ends well inside its limit; the last lines printed
+# are the test summary and the benchmark table.
+set -u -o pipefail
+what=${1:-all}
+filter=${2:-*}
+OUT=${OUT:-/tmp/kiln-gpu-out}
+BUILD=${KILN_GPU_BUILD:-/tmp/kiln-build}
+mkdir -p "$OUT"
+t0=$(date +%s)
+stamp() { echo "[gpu-check +$(( $(date +%s) - t0 ))s] $*"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv > "$OUT/nvidia-smi.csv" 2>&1
+cat "$OUT/nvidia-smi.csv"
+
+# PCRE2 headers and the static library, which the GPU machine's image lacks.
+mkdir -p /tmp/deps && for f in .devicedeps/*.deb; do dpkg -x "$f" /tmp/deps; done
+
+stamp configure
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DKILN_PCRE2_ROOT=/tmp/deps/usr -DKILN_SERVER=OFF > "$OUT/configure.log" 2>&1 \
+  || { tail -40 "$OUT/configure.log"; exit 1; }
+stamp build
+timeout 420 cmake --build "$BUILD" --target test_cuda -j16 > "$OUT/build.log" 2>&1 \
+  || { grep -E "error|FAILED" "$OUT/build.log" | head -40; tail -5 "$OUT/build.log"; exit 1; }
+if [ "$what" != test ]; then
+  timeout 120 cmake --build "$BUILD" --target bench_cuda_kernels_bench -j16 >> "$OUT/build.log" 2>&1 \
+    || { echo "benchmark build failed:"; grep -E "error|FAILED" "$OUT/build.log" | head -20; }
+fi
+stamp built
+
+status=0
+if [ "$what" != bench ]; then
+  stamp tests
+  timeout 240 "$BUILD/tests/test_cuda" --gtest_filter="$filter" > "$OUT/test_cuda.log" 2>&1
+  status=$?
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests? ran|Failure|outside tolerance|differ:|^  \[" "$OUT/test_cuda.log" | head -60
+  stamp "tests exit $status"
+fi
+if [ "$what" != test ] && [ -x "$BUILD/bench/bench_cuda_kernels_bench" ]; then
+  stamp bench
+  timeout 240 "$BUILD/bench/bench_cuda_kernels_bench" > "$OUT/bench.log" 2>&1
+  stamp "bench exit $?"
+  sed -n '/== summary/,$p' "$OUT/bench.log"
+fi
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$OUT/nvidia-smi.csv" 2>&1
+stamp done
+exit $status

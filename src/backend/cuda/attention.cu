@@ -1,0 +1,70 @@
+// Decode attention: argument checks, the split plan and the dispatch to the kernels of
+// attention_kernel.cuh (see attention.h for the contract).
+#include <string>
+
+#include "backend/cuda/attention_kernel.cuh"
+
+namespace kiln::cuda {
+namespace detail {
+
+SplitPlan plan_splits(const DecodeAttentionArgs& a) {
+  SplitPlan plan;
+  const int group = a.n_head / a.n_head_kv;
+  for (int h : {8, 4, 2, 1})
+    if (group % h == 0 && !(a.head_dim == 256 && h > 4)) {
+      plan.heads_per_block = h;
+      break;
+    }
+  const int span = a.sliding_window > 0 && a.sliding_window < a.max_context ? a.sliding_window : a.max_context;
+  const int64_t base_blocks = int64_t(a.n_seq) * (a.n_head / plan.heads_per_block);
+  const int64_t wanted = (kTargetBlocks + base_blocks - 1) / base_blocks;
+  int keys = int((span + wanted - 1) / wanted);
+  keys = (keys + 31) / 32 * 32;
+  keys = keys < 64 ? 64 : (keys > kMaxSplitKeys ? kMaxSplitKeys : keys);
+  plan.keys_per_split = keys;
+  plan.n_splits = (span + keys - 1) / keys;
+  return plan;
+}
+
+}  // namespace detail
+
+size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& a) {
+  if (a.n_seq <= 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.max_context <= 0)
+    return 0;
+  const detail::SplitPlan plan = detail::plan_splits(a);
+  if (plan.n_splits == 1) return 0;
+  return size_t(a.n_seq) * a.n_head * plan.n_splits * (a.head_dim + 2) * sizeof(float);
+}
+
+Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
+    return Status::invalid("decode_attention: head_dim " + std::to_string(a.head_dim) + " is not supported; supported: 64 128 256");
+  if (a.cache_type != GgmlType::F16 && a.cache_type != GgmlType::F32)
+    return Status::invalid("decode_attention: cache type " + std::string(type_name(a.cache_type)) +
+                           " is not supported; supported: f16 f32");
+  if (a.n_seq <= 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_seq > 0x7fffffff ||
+      a.n_head > 65535)
+    return Status::invalid("decode_attention: " + std::to_string(a.n_head) + " query heads cannot share " +
+                           std::to_string(a.n_head_kv) + " kv heads (n_seq " + std::to_string(a.n_seq) + ")");
+  if (a.max_context <= 0 || a.block_size <= 0)
+    return Status::invalid("decode_attention: max_context and block_size must be positive");
+  if (!a.q || !a.k_cache || !a.v_cache || !a.block_tables || !a.positions || !a.out)
+    return Status::invalid("decode_attention: q, caches, block tables, positions and out must be device pointers");
+  const size_t elem = a.cache_type == GgmlType::F16 ? 2 : 4;
+  if (reinterpret_cast<uintptr_t>(a.k_cache) % 16 || reinterpret_cast<uintptr_t>(a.v_cache) % 16 ||
+      (a.k_slot_stride * elem) % 16 || (a.v_slot_stride * elem) % 16)
+    return Status::invalid("decode_attention: cache rows must be 16-byte aligned (base and slot stride)");
+  const detail::SplitPlan plan = detail::plan_splits(a);
+  const size_t need = decode_attention_scratch_bytes(a);
+  if (need > 0 && (!scratch || scratch_bytes < need))
+    return Status::invalid("decode_attention: needs " + std::to_string(need) + " bytes of scratch, got " +
+                           std::to_string(scratch_bytes));
+  float* partial = static_cast<float*>(scratch);
+  switch (a.head_dim) {
+    case 64: return detail::launch_head_dim<64>(a, plan, partial, stream);
+    case 128: return detail::launch_head_dim<128>(a, plan, partial, stream);
+    default: return detail::launch_head_dim<256>(a, plan, partial, stream);
+  }
+}
+
+}  // namespace kiln::cuda

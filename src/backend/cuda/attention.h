@@ -1,0 +1,54 @@
+#pragma once
+// Decode attention: one query token per sequence against a paged KV cache.
+//
+//   out[s][h] = sum_j softmax_j(score(q[s][h], K[j])) V[j]     j in the keys position p_s sees
+//
+// score = scale * q.k, then softcap * tanh(score / softcap) when softcap > 0. Sequence s
+// sees the keys at positions first..p_s (p_s = positions[s]; first = 0, or p_s - window + 1
+// with a sliding window). Grouped-query: query head h reads kv head h / (n_head / n_head_kv).
+// Sinks (optional, one logit per query head) add a virtual key whose value is 0.
+//
+// Cache layout (as backend/backend.h's KvLayer): slot rows of n_head_kv * head_dim elements
+// (f16 or f32); position j of sequence s lives in slot
+//   block_tables[s * block_table_stride + j / block_size] * block_size + j % block_size.
+//
+// Long contexts are split across blocks (flash-decoding): each block reduces a range of keys
+// to (max, sum, unnormalized output) in `scratch`, and a second kernel combines the ranges.
+// Arithmetic in f32 (exp by expf): expect ~1e-6 relative error against a double reference.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/status.h"
+#include "quant/types.h"
+
+namespace kiln::cuda {
+
+struct DecodeAttentionArgs {
+  const float* q = nullptr;  // [n_seq][n_head * head_dim]
+  int64_t q_stride = 0;
+  const void* k_cache = nullptr;  // slots of n_head_kv * head_dim elements of cache_type
+  const void* v_cache = nullptr;
+  int64_t k_slot_stride = 0, v_slot_stride = 0;  // elements between slots (16-byte multiples)
+  GgmlType cache_type = GgmlType::F16;           // F16 or F32
+  const int32_t* block_tables = nullptr;         // [n_seq][block_table_stride]
+  int64_t block_table_stride = 0;
+  int block_size = 0;
+  const int32_t* positions = nullptr;  // [n_seq] position of each query token
+  int n_seq = 0, n_head = 0, n_head_kv = 0, head_dim = 0;  // head_dim: 64, 128 or 256
+  int max_context = 0;  // host-known bound: positions[s] < max_context for every s
+  float scale = 1.0f;
+  float softcap = 0.0f;           // > 0: tanh soft-capping of the scores
+  int sliding_window = 0;         // > 0: keys p - window + 1 .. p only
+  const float* sinks = nullptr;   // [n_head] or null
+  float* out = nullptr;           // [n_seq][n_head * head_dim]
+  int64_t out_stride = 0;
+};
+
+// Scratch bytes decode_attention() needs for these arguments (0 when no split is needed).
+size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& args);
+
+Status decode_attention(const DecodeAttentionArgs& args, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,6 @@
+// Decode attention kernels for head size 128 (see attention_kernel.cuh).
+#include "backend/cuda/attention_kernel.cuh"
+
+namespace kiln::cuda::detail {
+template Status launch_head_dim<128>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
+}  // namespace kiln::cuda::detail

@@ -1,0 +1,246 @@
+#pragma once
+// The decode attention kernels (see attention.h), instantiated per head size in
+// attention_d64.cu, attention_d128.cu and attention_d256.cu so that they compile in parallel.
+//
+// Grid: (sequence, group of kHeads query heads that share one kv head, key range). A block
+// of 128 threads loads its queries into shared memory, then
+//   1. scores: kLanesPerKey = D/8 threads share a key, each reading 8 elements of it with
+//      16-byte loads, and reduce the partial dot products with warp shuffles;
+//   2. softmax statistics per head over the range (max, sum of exponentials);
+//   3. weighted sum of the values, each thread owning 8 dims for a subset of the keys;
+//      the subsets meet through shuffles and shared memory.
+// One range: the block writes the normalized output. Several: it writes (max, sum,
+// unnormalized output) and combine_kernel merges the ranges.
+#include "backend/cuda/attention.h"
+#include "backend/cuda/common.cuh"
+
+namespace kiln::cuda::detail {
+
+
+inline constexpr int kAttnThreads = 128;
+inline constexpr int kMaxSplitKeys = 512;  // keys one block handles at most (scores live in shared memory)
+inline constexpr int kKeyUnroll = 4;       // keys each thread has in flight
+inline constexpr int kTargetBlocks = 4 * 132;
+
+struct SplitPlan {
+  int heads_per_block = 1;
+  int n_splits = 1;
+  int keys_per_split = 0;
+};
+
+template <typename KV>
+__device__ __forceinline__ void load8(const KV* p, float* v);
+template <>
+__device__ __forceinline__ void load8<__half>(const __half* p, float* v) {
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+template <>
+__device__ __forceinline__ void load8<float>(const float* p, float* v) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+__device__ __forceinline__ int64_t slot_of(const DecodeAttentionArgs& a, const int32_t* table, int pos) {
+  return int64_t(table[pos / a.block_size]) * a.block_size + pos % a.block_size;
+}
+
+template <int D, typename KV, int kHeads, bool kSoftcap>
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, float* __restrict__ partial) {
+  constexpr int kLanesPerKey = D / 8;
+  constexpr int kKeyGroups = kAttnThreads / kLanesPerKey;
+  constexpr int kWarps = kAttnThreads / kWarpSize;
+  __shared__ __align__(16) float q_s[kHeads][D];
+  __shared__ float p_s[kHeads][kMaxSplitKeys];
+  __shared__ float red_s[kWarps][kHeads][D];
+  __shared__ float stat_s[kHeads][2];
+
+  const int seq = blockIdx.x, head0 = blockIdx.y * kHeads, split = blockIdx.z;
+  const int kv_head = head0 / (a.n_head / a.n_head_kv);
+  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int group = tid / kLanesPerKey, c = tid % kLanesPerKey;
+  const int pos = a.positions[seq];
+  const int first = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) : 0;
+  const int k0 = first + split * keys_per_split;
+  const int n_keys = max(0, min(keys_per_split, pos + 1 - k0));
+  const int32_t* table = a.block_tables + int64_t(seq) * a.block_table_stride;
+  const KV* k_base = static_cast<const KV*>(a.k_cache) + int64_t(kv_head) * D + 8 * c;
+  const KV* v_base = static_cast<const KV*>(a.v_cache) + int64_t(kv_head) * D + 8 * c;
+
+  for (int i = tid; i < kHeads * D; i += kAttnThreads)
+    q_s[i / D][i % D] = a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D];
+  __syncthreads();
+
+  // 1. Scores. Loop bounds are uniform over the block so that every lane takes part in
+  // the shuffles; keys past the range compute on zeros and are not stored.
+  for (int base = 0; base < n_keys; base += kKeyUnroll * kKeyGroups) {
+    float kv[kKeyUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kKeyUnroll; ++u) {
+      const int j = base + u * kKeyGroups + group;
+      if (j < n_keys) {
+        load8(k_base + slot_of(a, table, k0 + j) * a.k_slot_stride, kv[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kv[u][e] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kKeyUnroll; ++u) {
+      const int j = base + u * kKeyGroups + group;
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][8 * c]);
+        const float4 qb = *reinterpret_cast<const float4*>(&q_s[h][8 * c + 4]);
+        float s = qa.x * kv[u][0] + qa.y * kv[u][1] + qa.z * kv[u][2] + qa.w * kv[u][3] + qb.x * kv[u][4] +
+                  qb.y * kv[u][5] + qb.z * kv[u][6] + qb.w * kv[u][7];
+#pragma unroll
+        for (int offset = kLanesPerKey / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(kFullMask, s, offset);
+        if (c == 0 && j < n_keys) {
+          s *= a.scale;
+          if constexpr (kSoftcap) s = a.softcap * tanhf(s / a.softcap);
+          p_s[h][j] = s;
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. Softmax statistics; p_s becomes exp(score - max).
+  for (int h = warp; h < kHeads; h += kWarps) {
+    float m = -INFINITY;
+    for (int j = lane; j < n_keys; j += kWarpSize) m = fmaxf(m, p_s[h][j]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int j = lane; j < n_keys; j += kWarpSize) {
+      const float e = expf(p_s[h][j] - m);
+      p_s[h][j] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (lane == 0) stat_s[h][0] = m, stat_s[h][1] = l;
+  }
+  __syncthreads();
+
+  // 3. Weighted values.
+  float acc[kHeads][8];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+  for (int base = 0; base < n_keys; base += kKeyUnroll * kKeyGroups) {
+    float vv[kKeyUnroll][8];
+#pragma unroll
+    for (int u = 0; u < kKeyUnroll; ++u) {
+      const int j = base + u * kKeyGroups + group;
+      if (j < n_keys) load8(v_base + slot_of(a, table, k0 + j) * a.v_slot_stride, vv[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kKeyUnroll; ++u) {
+      const int j = base + u * kKeyGroups + group;
+      if (j < n_keys) {
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) {
+          const float p = p_s[h][j];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vv[u][e], acc[h][e]);
+        }
+      }
+    }
+  }
+  // Key groups of one warp meet by shuffles, warps through shared memory.
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float v = acc[h][e];
+#pragma unroll
+      for (int offset = kLanesPerKey; offset < kWarpSize; offset <<= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+      if (lane < kLanesPerKey) red_s[warp][h][8 * c + e] = v;
+    }
+  __syncthreads();
+
+  for (int i = tid; i < kHeads * D; i += kAttnThreads) {
+    const int h = i / D, d = i % D, head = head0 + h;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += red_s[w][h][d];
+    const float m = stat_s[h][0], l = stat_s[h][1];
+    if (n_splits == 1) {
+      // The sink joins the normalization: rescale to the larger of the two maxima.
+      float scale_acc = 1.0f, denom = l;
+      if (a.sinks) {
+        const float sink = a.sinks[head];
+        const float m2 = fmaxf(m, sink);
+        scale_acc = expf(m - m2);
+        denom = l * scale_acc + expf(sink - m2);
+      }
+      a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = sum * scale_acc / denom;
+    } else {
+      float* rec = partial + ((int64_t(seq) * a.n_head + head) * n_splits + split) * (D + 2);
+      rec[2 + d] = sum;
+      if (d == 0) rec[0] = m, rec[1] = l;
+    }
+  }
+}
+
+// Merges the key ranges of one (sequence, head): rescales each to the common maximum.
+template <int D>
+__global__ void __launch_bounds__(D) combine_kernel(DecodeAttentionArgs a, int n_splits, const float* __restrict__ partial) {
+  const int seq = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+  const float* recs = partial + (int64_t(seq) * a.n_head + head) * n_splits * (D + 2);
+  float m = a.sinks ? a.sinks[head] : -INFINITY;
+  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, recs[s * (D + 2)]);
+  float denom = a.sinks ? expf(a.sinks[head] - m) : 0.0f, sum = 0.0f;
+  for (int s = 0; s < n_splits; ++s) {
+    const float* rec = recs + s * (D + 2);
+    if (rec[1] == 0.0f) continue;  // an empty range (max -inf)
+    const float w = expf(rec[0] - m);
+    denom += rec[1] * w;
+    sum += rec[2 + d] * w;
+  }
+  a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = sum / denom;
+}
+
+template <int D, typename KV, int kHeads>
+Status launch_heads(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
+  const dim3 grid(unsigned(a.n_seq), unsigned(a.n_head / kHeads), unsigned(plan.n_splits));
+  if (a.softcap > 0.0f)
+    attention_kernel<D, KV, kHeads, true><<<grid, kAttnThreads, 0, stream>>>(a, plan.keys_per_split, plan.n_splits, partial);
+  else
+    attention_kernel<D, KV, kHeads, false><<<grid, kAttnThreads, 0, stream>>>(a, plan.keys_per_split, plan.n_splits, partial);
+  if (Status s = launch_status("attention_kernel"); !s.ok()) return s;
+  if (plan.n_splits == 1) return Status();
+  combine_kernel<D><<<dim3(unsigned(a.n_seq), unsigned(a.n_head)), D, 0, stream>>>(a, plan.n_splits, partial);
+  return launch_status("attention combine_kernel");
+}
+
+template <int D, typename KV>
+Status launch_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
+  switch (plan.heads_per_block) {
+    case 1: return launch_heads<D, KV, 1>(a, plan, partial, stream);
+    case 2: return launch_heads<D, KV, 2>(a, plan, partial, stream);
+    case 4: return launch_heads<D, KV, 4>(a, plan, partial, stream);
+    default:
+      if constexpr (D <= 128) return launch_heads<D, KV, 8>(a, plan, partial, stream);
+      return Status::invalid("decode_attention: internal: 8 heads per block with head_dim 256");
+  }
+}
+
+// Launches for one head size, both cache types (explicitly instantiated per head size).
+template <int D>
+Status launch_head_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
+  if (a.cache_type == GgmlType::F16) return launch_dim<D, __half>(a, plan, partial, stream);
+  return launch_dim<D, float>(a, plan, partial, stream);
+}
+extern template Status launch_head_dim<64>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
+extern template Status launch_head_dim<128>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
+extern template Status launch_head_dim<256>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
+
+}  // namespace kiln::cuda::detail

@@ -1,0 +1,84 @@
+#pragma once
+// Device-side helpers shared by kiln's CUDA kernels: warp reductions, half/bfloat16 bits to
+// float, little-endian reads of block fields at any alignment, and 16-byte asynchronous
+// copies from global to shared memory.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kiln::cuda::detail {
+
+inline constexpr int kWarpSize = 32;
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+__host__ __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// IEEE half / bfloat16 bit patterns (low 16 bits of `bits`) to float; both exact.
+__device__ __forceinline__ float half_to_float(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));
+}
+__device__ __forceinline__ float bf16_to_float(uint32_t bits) { return __uint_as_float((bits & 0xffffu) << 16); }
+
+// Little-endian 16-bit field at any byte address (block fields in GGUF rows are only
+// byte- or 2-byte aligned).
+__device__ __forceinline__ uint32_t load_u16(const uint8_t* p) { return uint32_t(p[0]) | (uint32_t(p[1]) << 8); }
+__device__ __forceinline__ uint32_t load_u32(const uint8_t* p) { return load_u16(p) | (load_u16(p + 2) << 16); }
+
+// N little-endian 32-bit words starting at byte `offset` of a 4-byte aligned buffer, at any
+// alignment: N + 1 aligned loads and funnel shifts. Reads the word after the last one too,
+// so the buffer must extend 4 bytes past the data (staging buffers are padded for it).
+template <int N>
+__device__ __forceinline__ void load_words(const uint8_t* base, int offset, uint32_t (&w)[N]) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(base) + (offset >> 2);
+  const uint32_t shift = uint32_t(offset & 3) * 8;
+  uint32_t lo = words[0];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t hi = words[i + 1];
+    w[i] = __funnelshift_r(lo, hi, shift);
+    lo = hi;
+  }
+}
+
+// 16 bytes global -> shared without passing through registers (sm_80+). Both addresses
+// must be 16-byte aligned.
+__device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most `Pending` committed groups of this thread are still in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
+// 4 signed bytes of a and b, multiplied pairwise and summed onto c.
+__device__ __forceinline__ int dot4(int a, int b, int c) { return __dp4a(a, b, c); }
+
+// Bytes of `a` minus bytes of `b`, each modulo 256 (what a signed level needs after
+// subtracting its offset: 0..63 - 32 -> -32..31 as an int8).
+__device__ __forceinline__ int sub_bytes(uint32_t a, uint32_t b) { return int(__vsub4(a, b)); }
+
+}  // namespace kiln::cuda::detail

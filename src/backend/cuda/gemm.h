@@ -1,0 +1,49 @@
+#pragma once
+// Prefill matrix products on the tensor cores through cuBLAS:
+//
+//   Y[t][n] = sum_k X[t][k] * W[n][k]        X f32 [T, K], W [N, K] of any supported type
+//
+// f16 / bf16 weights: X is rounded to the weights' type, then one cublasGemmEx with f32
+// accumulation and f32 output. f32 weights: a plain f32 cuBLAS product (no TF32).
+// Quantized weights (v1): W is dequantized to bf16 in slabs of rows into the scratch buffer,
+// then each slab is one bf16 GEMM. This reads the quantized weight once and writes and
+// reads a bf16 copy of it (2 bytes per weight) per call: at T = 512 that costs about half
+// as much time again as the product itself (see docs/perf-notes.md).
+//
+// Rounding: with X and W rounded to bf16 each product carries up to 2^-8 relative error,
+// so |Y - Y_exact| <= ~2^-8 * sum_k |X W| (f16: 2^-10); against the same rounded inputs the
+// f32 accumulation is good to ~1e-5 of sum_k |X W|.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/status.h"
+#include "quant/types.h"
+
+namespace kiln::cuda {
+
+struct GemmArgs {
+  GgmlType type = GgmlType::BF16;
+  const void* w = nullptr;  // n rows of k elements of `type`, row i at (uint8_t*)w + i * w_row_bytes
+  int64_t w_row_bytes = 0;
+  int64_t n = 0, k = 0;
+  const float* x = nullptr;  // t rows of k, row j at x + j * x_stride
+  int64_t x_stride = 0;
+  int64_t t = 0;
+  float* y = nullptr;        // t rows of n, row j at y + j * y_stride
+  int64_t y_stride = 0;
+};
+
+bool gemm_supports(GgmlType type);
+
+// Scratch bytes gemm() needs: the rounded copy of X and, for quantized weights, one slab of
+// `slab_rows` bf16 weight rows (0: the whole matrix in one slab).
+size_t gemm_scratch_bytes(const GemmArgs& args, int64_t slab_rows = 0);
+
+// `blas` is the caller's handle (cublasCreate is slow: make one per stream and keep it);
+// gemm() binds it to `stream`. Quantized weights go in slabs of as many rows as fit.
+Status gemm(const GemmArgs& args, cublasHandle_t blas, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,171 @@
+// Decode attention (backend/cuda/attention.h) against a double-precision reference over a
+// paged cache with shuffled block tables, at contexts 1, 17, 1000 and 5000 (which take one
+// key range or several merged ranges).
+//
+// Error bound: f32 dot products, expf and f32 sums: |out - ref| <= 2e-5 * sum_j p_j |v_j|
+// (+ 1e-7) per element, p_j the reference softmax weights.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cuda/attention.h"
+#include "cuda_test_support.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace kiln::cuda::testing;
+
+struct AttnCase {
+  int head_dim, n_head, n_head_kv;
+  GgmlType cache;
+  std::vector<int32_t> positions;
+  float softcap = 0.0f;
+  int window = 0;
+  bool sinks = false;
+  float q_scale = 1.0f;
+};
+
+void run_case(const AttnCase& c, uint64_t seed) {
+  SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " heads " + std::to_string(c.n_head) + "/" +
+               std::to_string(c.n_head_kv) + " " + std::string(type_name(c.cache)) + " softcap " +
+               std::to_string(c.softcap) + " window " + std::to_string(c.window) + (c.sinks ? " sinks" : ""));
+  std::mt19937_64 rng(seed);
+  const int D = c.head_dim, n_seq = int(c.positions.size()), block_size = 16;
+  const int max_context = *std::max_element(c.positions.begin(), c.positions.end()) + 1;
+  const int max_blocks = (max_context + block_size - 1) / block_size;
+  // Physical blocks: every sequence gets its own, handed out in shuffled order.
+  std::vector<int32_t> physical(size_t(n_seq * max_blocks));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng);
+  const int64_t table_stride = max_blocks + 3;
+  std::vector<int32_t> tables(size_t(n_seq * table_stride), -1);
+  for (int s = 0; s < n_seq; ++s)
+    for (int b = 0; b < max_blocks; ++b) tables[s * table_stride + b] = physical[s * max_blocks + b];
+  const int64_t n_slots = int64_t(n_seq) * max_blocks * block_size;
+  const int64_t row = int64_t(c.n_head_kv) * D, slot_stride = row + 8;
+  const bool half = c.cache == GgmlType::F16;
+  // Cache values as the kernel will see them (rounded to f16 for an f16 cache).
+  std::vector<float> kf = random_floats(rng, size_t(n_slots * slot_stride)), vf = random_floats(rng, size_t(n_slots * slot_stride));
+  std::vector<uint16_t> kh, vh;
+  if (half) {
+    for (float& v : kf) kh.push_back(f32_to_f16(v)), v = f16_to_f32(kh.back());
+    for (float& v : vf) vh.push_back(f32_to_f16(v)), v = f16_to_f32(vh.back());
+  }
+  const int64_t q_stride = int64_t(c.n_head) * D + 5, out_stride = int64_t(c.n_head) * D + 3;
+  const std::vector<float> q = random_floats(rng, size_t(n_seq * q_stride), -c.q_scale, c.q_scale);
+  const std::vector<float> sinks = random_floats(rng, size_t(c.n_head), -2.0f, 4.0f);
+
+  const DeviceBuffer k_d = half ? to_device(kh) : to_device(kf), v_d = half ? to_device(vh) : to_device(vf);
+  const DeviceBuffer q_d = to_device(q), t_d = to_device(tables), p_d = to_device(c.positions), s_d = to_device(sinks);
+  DeviceBuffer out_d(size_t(n_seq * out_stride) * 4);
+  out_d.poison();
+
+  DecodeAttentionArgs a;
+  a.q = q_d.as<float>();
+  a.q_stride = q_stride;
+  a.k_cache = k_d.as();
+  a.v_cache = v_d.as();
+  a.k_slot_stride = a.v_slot_stride = slot_stride;
+  a.cache_type = c.cache;
+  a.block_tables = t_d.as<int32_t>();
+  a.block_table_stride = table_stride;
+  a.block_size = block_size;
+  a.positions = p_d.as<int32_t>();
+  a.n_seq = n_seq;
+  a.n_head = c.n_head;
+  a.n_head_kv = c.n_head_kv;
+  a.head_dim = D;
+  a.max_context = max_context;
+  a.scale = 1.0f / std::sqrt(float(D));
+  a.softcap = c.softcap;
+  a.sliding_window = c.window;
+  a.sinks = c.sinks ? s_d.as<float>() : nullptr;
+  a.out = out_d.as<float>();
+  a.out_stride = out_stride;
+  DeviceBuffer scratch(std::max<size_t>(16, decode_attention_scratch_bytes(a)));
+  scratch.poison();
+  KILN_STATUS_OK(decode_attention(a, scratch.as(), scratch.bytes(), nullptr));
+  const std::vector<float> out_all = to_host<float>(out_d, size_t(n_seq * out_stride));
+
+  std::vector<float> got;
+  std::vector<double> want, tol;
+  const int group = c.n_head / c.n_head_kv;
+  for (int s = 0; s < n_seq; ++s) {
+    const int pos = c.positions[s];
+    const int first = c.window > 0 ? std::max(0, pos - c.window + 1) : 0;
+    auto slot = [&](int j) { return int64_t(tables[s * table_stride + j / block_size]) * block_size + j % block_size; };
+    for (int h = 0; h < c.n_head; ++h) {
+      const int kvh = h / group;
+      std::vector<double> score;
+      double m = c.sinks ? sinks[h] : -INFINITY;
+      for (int j = first; j <= pos; ++j) {
+        double dot = 0;
+        for (int d = 0; d < D; ++d) dot += double(q[s * q_stride + h * D + d]) * kf[slot(j) * slot_stride + kvh * D + d];
+        double sc = dot * a.scale;
+        if (c.softcap > 0) sc = c.softcap * std::tanh(sc / c.softcap);
+        score.push_back(sc);
+        m = std::max(m, sc);
+      }
+      double denom = c.sinks ? std::exp(sinks[h] - m) : 0.0;
+      for (double& sc : score) denom += (sc = std::exp(sc - m));
+      for (int d = 0; d < D; ++d) {
+        double acc = 0, mag = 0;
+        for (int j = first; j <= pos; ++j) {
+          const double p = score[j - first] / denom, v = vf[slot(j) * slot_stride + kvh * D + d];
+          acc += p * v;
+          mag += p * std::fabs(v);
+        }
+        want.push_back(acc);
+        tol.push_back(2e-5 * mag + 1e-7);
+        got.push_back(out_all[s * out_stride + h * D + d]);
+      }
+    }
+  }
+  EXPECT_TRUE(all_close(got, want, tol, "attention output"));
+}
+
+const std::vector<int32_t> kContexts = {0, 16, 999, 4999};  // contexts 1, 17, 1000, 5000
+
+TEST(CudaDecodeAttention, GqaF16Cache) {
+  KILN_REQUIRE_GPU();
+  run_case({128, 32, 8, GgmlType::F16, kContexts}, 21);
+}
+
+TEST(CudaDecodeAttention, MultiHeadF32CacheDim64) {
+  KILN_REQUIRE_GPU();
+  run_case({64, 8, 8, GgmlType::F32, kContexts}, 22);
+}
+
+TEST(CudaDecodeAttention, EightQueryHeadsPerKvHeadSoftcapWindow) {
+  KILN_REQUIRE_GPU();
+  AttnCase c{128, 16, 2, GgmlType::F16, kContexts};
+  c.softcap = 20.0f;
+  c.window = 256;
+  c.q_scale = 6.0f;
+  run_case(c, 23);
+}
+
+TEST(CudaDecodeAttention, SinksWithSixQueryHeadsPerKvHead) {
+  KILN_REQUIRE_GPU();
+  AttnCase c{64, 12, 2, GgmlType::F32, kContexts};
+  c.sinks = true;
+  run_case(c, 24);
+}
+
+TEST(CudaDecodeAttention, HeadDim256) {
+  KILN_REQUIRE_GPU();
+  run_case({256, 8, 1, GgmlType::F16, {0, 16, 999}}, 25);
+  run_case({256, 4, 2, GgmlType::F32, {3, 300}}, 26);
+}
+
+TEST(CudaDecodeAttention, RefusesUnsupportedHeadDim) {
+  DecodeAttentionArgs a;
+  a.head_dim = 96;
+  const Status s = decode_attention(a, nullptr, 0, nullptr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("64 128 256"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace kiln::cuda
