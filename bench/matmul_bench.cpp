@@ -6,6 +6,7 @@
 //   bench_matmul_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //   KILN_SIMD=avx2 ... to measure the AVX2 paths.
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -106,6 +107,77 @@ void shapes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Matmul)->Apply(shapes);
+
+// The floors, measured in the same run (the machine may be shared, and its clock varies):
+// - BM_ReadBandwidth: bytes/s one or two threads stream from memory (sum of a 1 GiB
+//   buffer), the bound of matvec;
+// - BM_VnniPeak: int8 operations/s of independent vpdpbusd chains on one thread (2 ops per
+//   multiply-add, 64 per instruction), the bound of the int8 prefill kernels;
+// - BM_FmaPeak: f32 FLOP/s of independent FMA chains, the bound of the float prefill.
+__attribute__((target("avx512f"))) float sum_range(const float* p, size_t n) {
+  __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps(), c = _mm512_setzero_ps(), d = _mm512_setzero_ps();
+  for (size_t i = 0; i + 64 <= n; i += 64) {
+    a = _mm512_add_ps(a, _mm512_load_ps(p + i));
+    b = _mm512_add_ps(b, _mm512_load_ps(p + i + 16));
+    c = _mm512_add_ps(c, _mm512_load_ps(p + i + 32));
+    d = _mm512_add_ps(d, _mm512_load_ps(p + i + 48));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d)));
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  const size_t n = (size_t(1) << 30) / sizeof(float);
+  static float* data = nullptr;
+  if (!data) {
+    data = static_cast<float*>(std::aligned_alloc(64, n * sizeof(float)));
+    for (size_t i = 0; i < n; ++i) data[i] = 1.0f;
+  }
+  kiln::ThreadPool& pool = pool_of(int(state.range(0)));
+  for (auto _ : state) {
+    float sums[2] = {0, 0};
+    pool.run([&](int t) {
+      const size_t half = n / size_t(pool.size());
+      sums[t] = sum_range(data + half * size_t(t), half);
+    });
+    benchmark::DoNotOptimize(sums);
+  }
+  state.counters["GB/s"] = benchmark::Counter(double(n * sizeof(float)) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+__attribute__((target("avx512f,avx512vnni"))) void BM_VnniPeak(benchmark::State& state) {
+  constexpr int kChains = 12;
+  const long n = 1 << 20;
+  for (auto _ : state) {
+    __m512i acc[kChains];
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_epi32(j);
+    __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
+    for (long i = 0; i < n; ++i) {
+      for (int j = 0; j < kChains; ++j) acc[j] = _mm512_dpbusd_epi32(acc[j], a, b);
+      asm volatile("" : "+v"(a));
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.counters["GOP/s"] = benchmark::Counter(1e-9 * double(n) * kChains * 128, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_VnniPeak)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+__attribute__((target("avx512f"))) void BM_FmaPeak(benchmark::State& state) {
+  constexpr int kChains = 12;
+  const long n = 1 << 20;
+  for (auto _ : state) {
+    __m512 acc[kChains];
+    for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_ps(float(j));
+    __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.0f);
+    for (long i = 0; i < n; ++i) {
+      for (int j = 0; j < kChains; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
+      asm volatile("" : "+v"(a));
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(1e-9 * double(n) * kChains * 32, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FmaPeak)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

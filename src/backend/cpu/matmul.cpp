@@ -4,7 +4,7 @@
 //
 // Paths:
 // - decode (n_tokens <= kDecodeMaxTokens): rows split over threads; each row is read once
-//   and dotted with every token. On AVX-512 VNNI, q4_0 q4_1 q5_0 q5_1 iq4_nl q8_0 q4_K q6_K
+//   and dotted with every token. On AVX-512 VNNI, q4_0 q4_1 q5_0 q5_1 iq4_nl q8_0 q4_K q5_K q6_K
 //   use direct int8 kernels with the activations quantized once per call; other types
 //   dequantize a row to f32 (or read f32 / f16 / bf16 directly) and take f32 dot products.
 // - prefill, integer weight types on AVX-512 VNNI: activations quantized once into 16-token
@@ -123,6 +123,7 @@ DecodeKernel int8_decode_kernel(GgmlType type) {
     case GgmlType::IQ4_NL: return avx512::decode_iq4_nl;
     case GgmlType::Q8_0: return avx512::decode_q8_0;
     case GgmlType::Q4_K: return avx512::decode_q4_K;
+    case GgmlType::Q5_K: return avx512::decode_q5_K;
     case GgmlType::Q6_K: return avx512::decode_q6_K;
     default: return nullptr;
   }

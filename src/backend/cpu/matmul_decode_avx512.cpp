@@ -272,7 +272,7 @@ void decode_q8_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, con
   decode_dispatch(w, row_bytes, sizeof(BlockQ8_0), GgmlType::Q8_0, r0, r1, tokens, n_tokens, y, y_stride, 5, weights);
 }
 
-// ---- decode: q4_K and q6_K (super-blocks of 256 = 2 quads) -------------------------------
+// ---- decode: q4_K, q5_K and q6_K (super-blocks of 256 = 2 quads) -------------------------------
 
 namespace {
 
@@ -302,9 +302,19 @@ inline __m512i lane_index(int first) {  // lane L -> first + L / 4
                            first + 2, first + 2, first + 2, first + 3, first + 3, first + 3, first + 3);
 }
 
-template <int NT>
+// q4_K, and q5_K (kFive) whose fifth bits come from qh: bit 2g of qh[l] for element 64g + l,
+// bit 2g + 1 for element 64g + 32 + l.
+template <int NT, bool kFive>
 void decode_q4_K_rows(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, float* y,
                       int64_t y_stride) {
+  constexpr size_t kBlock = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  constexpr int kQs = kFive ? 48 : 16;
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  __m512i bit_lo[2], bit_hi[2];  // per quad: the qh bit of the low / high nibbles
+  for (int h = 0; h < 2; ++h) {
+    bit_lo[h] = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (4 * h))), _mm256_set1_epi8(char(1 << (4 * h + 2))), 1);
+    bit_hi[h] = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (4 * h + 1))), _mm256_set1_epi8(char(1 << (4 * h + 3))), 1);
+  }
   const int64_t n_super = tokens[0].n_quads / 2;
   const __m512i nib = _mm512_set1_epi8(0x0F), even = even_lanes_ab(), odd = odd_lanes_ab();
   const __m512i idx_sc[2] = {lane_index(0), lane_index(4)}, idx_mn[2] = {lane_index(8), lane_index(12)};
@@ -313,7 +323,9 @@ void decode_q4_K_rows(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < n_super; ++sb) {
-      const uint8_t* blk = row + sb * sizeof(BlockQ4_K);
+      const uint8_t* blk = row + sb * kBlock;
+      __m512i qh;
+      if constexpr (kFive) qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)));
       uint16_t dh[2];
       std::memcpy(dh, blk, 4);
       // Lanes 0..7: d * scale_j, lanes 8..15: dmin * min_j.
@@ -321,8 +333,12 @@ void decode_q4_K_rows(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1
       const __m512 sm = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scales_mins(blk + 4))), dd);
       for (int h = 0; h < 2; ++h) {  // quad h: sub-blocks 4h..4h+3, qs bytes 64h..64h+63
         const int64_t qd = 2 * sb + h;
-        const __m512i v = _mm512_loadu_si512(blk + 16 + 64 * h);
-        const __m512i lo_n = _mm512_and_si512(v, nib), hi_n = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        const __m512i v = _mm512_loadu_si512(blk + kQs + 64 * h);
+        __m512i lo_n = _mm512_and_si512(v, nib), hi_n = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        if constexpr (kFive) {
+          lo_n = _mm512_mask_add_epi8(lo_n, _mm512_test_epi8_mask(qh, bit_lo[h]), lo_n, sixteen);
+          hi_n = _mm512_mask_add_epi8(hi_n, _mm512_test_epi8_mask(qh, bit_hi[h]), hi_n, sixteen);
+        }
         // Sub-block 2g takes the low nibbles of bytes 32g.., 2g+1 the high nibbles: in the
         // token order [b0..b3 first halves | b0..b3 second halves] that is:
         const __m512i lo = _mm512_permutex2var_epi64(lo_n, even, hi_n);
@@ -413,8 +429,14 @@ void decode_by_tokens(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1
 
 void decode_q4_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, int n_tokens,
                  float* y, int64_t y_stride) {
-  decode_by_tokens<decode_q4_K_rows<1>, decode_q4_K_rows<2>, decode_q4_K_rows<3>>(w, row_bytes, r0, r1, tokens,
-                                                                                   n_tokens, y, y_stride);
+  decode_by_tokens<decode_q4_K_rows<1, false>, decode_q4_K_rows<2, false>, decode_q4_K_rows<3, false>>(
+      w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride);
+}
+
+void decode_q5_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, int n_tokens,
+                 float* y, int64_t y_stride) {
+  decode_by_tokens<decode_q4_K_rows<1, true>, decode_q4_K_rows<2, true>, decode_q4_K_rows<3, true>>(
+      w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride);
 }
 
 void decode_q6_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, int n_tokens,

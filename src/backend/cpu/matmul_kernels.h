@@ -87,6 +87,8 @@ void decode_iq4_nl(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, c
                    int n_tokens, float* y, int64_t y_stride);
 void decode_q4_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
                  int n_tokens, float* y, int64_t y_stride);
+void decode_q5_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
+                 int n_tokens, float* y, int64_t y_stride);
 void decode_q6_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
                  int n_tokens, float* y, int64_t y_stride);
 
