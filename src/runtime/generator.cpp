@@ -53,6 +53,9 @@ std::span<const float> Generator::prefill(std::span<const int32_t> tokens) {
   size_t common = 0;
   while (common < cached_.size() && common < tokens.size() && cached_[common] == tokens[common]) ++common;
   common = std::min(common, tokens.size() - 1);
+  // Recurrent (linear-attention) state holds every cached token and cannot be rewound:
+  // reuse the cache only when the prompt extends it, else start over.
+  if (cache_.has_recurrent_state() && common < cached_.size()) common = 0;
   cache_.truncate(seq_, int64_t(common));
   cached_.resize(common);
 

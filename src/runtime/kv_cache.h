@@ -54,6 +54,8 @@ class KvCache {
   KvLayer layer(int il) const;
   // The recurrent state of linear-attention layer `il` (throws when there is none).
   RecurrentLayer recurrent_layer(int il) const;
+  // Whether the model has recurrent layers: their state cannot be cut back by truncate().
+  bool has_recurrent_state() const { return recurrent_ != nullptr; }
   // Device copy of the block tables: I32 {max_blocks_per_seq, max_seqs}, row = sequence.
   const Tensor& block_tables() const { return device_tables_; }
   void sync(Backend& backend);

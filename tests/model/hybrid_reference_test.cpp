@@ -11,6 +11,8 @@
 #include <string>
 
 #include "model_test_util.h"
+#include "runtime/generator.h"
+#include "tokenizer/tokenizer.h"
 #include "support/testdata.h"
 
 namespace kiln::testing {
@@ -92,6 +94,27 @@ TEST_P(HybridReference, PiecewiseMatchesOnePass) {
   for (size_t t = 0; t < ids.size(); ++t) {
     const double err = relative_l2(pieces.data() + t * size_t(vocab), one_pass.data() + t * size_t(vocab), vocab);
     EXPECT_LE(err, 1e-5) << name << " position " << t;
+  }
+}
+
+// The generator reuses a cached prefix. Recurrent state cannot be cut back, so a prompt
+// that departs from the cache (or repeats it: the last token is always re-run) must
+// start over, and one that extends the cache must continue from it.
+TEST_P(HybridReference, GeneratorPrefixReuseKeepsLogits) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
+  KILN_REQUIRE_TESTDATA(gguf_path, "arch/" + name + ".gguf");
+  const std::vector<int32_t> ids = to_ids(read_json(ref_path)["ids"]);
+  LoadedModel m(gguf_path);
+  const int64_t vocab = m.vocab();
+  const std::vector<float> one_pass = m.prefill_logits(ids);
+  const Tokenizer tokenizer = Tokenizer::from_gguf(*m.file);
+  Generator gen(*m.model, tokenizer, 64);
+  const std::span<const int32_t> all(ids);
+  for (size_t n : {size_t(12), size_t(12), size_t(6), size_t(20), size_t(9)}) {
+    const std::span<const float> l = gen.prefill(all.first(n));
+    const double err = relative_l2(l.data(), one_pass.data() + (n - 1) * size_t(vocab), vocab);
+    EXPECT_LE(err, 1e-5) << name << " prefill of " << n << " tokens after " << gen.cached_tokens().size();
   }
 }
 
