@@ -14,6 +14,7 @@
 //   multiplied with f32 token panels (FMA).
 // - scalar: dequantize a row, f32 dot per token.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -68,6 +69,33 @@ void check_args(const MatmulArgs& a) {
     fail("matmul: strides x={} y={} smaller than a row (cols={} rows={})", a.x_stride, a.y_stride, a.cols, a.rows);
 }
 
+// Runs fn(begin, end) over [0, n) in contiguous chunks of about n / (4 * threads) items (at
+// least `grain`) taken from a shared counter, so that a thread slowed down by the OS or by
+// other work on the machine ends up taking fewer chunks instead of holding everyone up.
+template <typename Fn>
+void parallel_chunks(ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn) {
+  const int64_t threads = pool.size();
+  if (threads == 1 || n <= grain) {
+    if (n > 0) fn(int64_t(0), n);
+    return;
+  }
+  struct Work {
+    std::atomic<int64_t> next{0};
+    int64_t n, chunk;
+    const Fn* fn;
+  } work;
+  work.n = n;
+  work.chunk = std::max(grain, (n + 4 * threads - 1) / (4 * threads));
+  work.fn = &fn;
+  pool.run([w = &work](int) {  // one pointer: no allocation in std::function
+    for (;;) {
+      const int64_t begin = w->next.fetch_add(w->chunk, std::memory_order_relaxed);
+      if (begin >= w->n) return;
+      (*w->fn)(begin, std::min(w->n, begin + w->chunk));
+    }
+  });
+}
+
 const uint8_t* weight_row(const MatmulArgs& a, int64_t r) {
   return static_cast<const uint8_t*>(a.w) + size_t(r) * a.w_row_bytes;
 }
@@ -92,7 +120,7 @@ void decode_rows(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
   if (a.type == GgmlType::BF16 && level != SimdLevel::Scalar)
     direct = level == SimdLevel::Avx512 ? avx512::dot_bf16 : avx2::dot_bf16;
 
-  pool.parallel_for(a.rows, 16, [&](int64_t begin, int64_t end) {
+  parallel_chunks(pool, a.rows, 16, [&](int64_t begin, int64_t end) {
     thread_local Scratch row_buf;
     float* row = row_buf.get<float>(size_t(a.cols));
     for (int64_t r = begin; r < end; ++r) {
@@ -149,7 +177,7 @@ void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
     avx512::prepare_decode_token(a.x + t * a.x_stride, a.cols, tk);
   }
   const size_t row_bytes_exact = *row_bytes(a.type, a.cols);
-  pool.parallel_for(a.rows, 32, [&](int64_t begin, int64_t end) {
+  parallel_chunks(pool, a.rows, 32, [&](int64_t begin, int64_t end) {
     // The kernels step rows by the exact row size; walk rows one at a time when the
     // stride has padding.
     if (a.w_row_bytes == row_bytes_exact) {
@@ -176,7 +204,7 @@ void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
   const size_t group_floats = size_t(a.cols) * lanes;
   thread_local Scratch panel_buf;
   float* panel = panel_buf.get<float>(group_floats * size_t(n_groups));
-  pool.parallel_for(n_groups, 1, [&](int64_t g0, int64_t g1) {
+  parallel_chunks(pool, n_groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const int n = int(std::min<int64_t>(lanes, a.n_tokens - g * lanes));
       const float* x = a.x + g * lanes * a.x_stride;
@@ -186,7 +214,7 @@ void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
   });
   auto kernel = wide ? avx512::panel_f32 : avx2::panel_f32;
   const int64_t n_tiles = (a.rows + kTileRows - 1) / kTileRows;
-  pool.parallel_for(n_tiles, 1, [&](int64_t t0, int64_t t1) {
+  parallel_chunks(pool, n_tiles, 1, [&](int64_t t0, int64_t t1) {
     thread_local Scratch tile_buf;
     float* tile = tile_buf.get<float>(size_t(kTileRows) * size_t(a.cols));
     alignas(64) float acc[kTileRows * 16];
@@ -215,7 +243,7 @@ void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
   const int64_t n_blocks = a.cols / 32;
   thread_local Scratch panel_buf;
   auto* panel = panel_buf.get<Int8PanelBlock>(size_t(n_groups * n_blocks));
-  pool.parallel_for(n_groups, 1, [&](int64_t g0, int64_t g1) {
+  parallel_chunks(pool, n_groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const int n = int(std::min<int64_t>(16, a.n_tokens - g * 16));
       avx512::prepare_int8_panel(a.x + g * 16 * a.x_stride, a.x_stride, n, a.cols, panel + g * n_blocks);
@@ -223,7 +251,7 @@ void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
   });
   const int64_t wgroups = a.cols / layout.group;  // affine groups per weight row
   const int64_t n_tiles = (a.rows + kTileRows - 1) / kTileRows;
-  pool.parallel_for(n_tiles, 1, [&](int64_t t0, int64_t t1) {
+  parallel_chunks(pool, n_tiles, 1, [&](int64_t t0, int64_t t1) {
     thread_local Scratch q_buf, meta_buf;
     const int64_t q_stride = int64_t(align64(size_t(a.cols)));
     auto* q = q_buf.get<int8_t>(size_t(kTileRows * q_stride));
