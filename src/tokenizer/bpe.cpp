@@ -5,6 +5,8 @@
 // merged (ties: the leftmost), repeatedly, until no adjacent pair has a merge. Ranks are
 // kept per pair of token ids, so merging needs no string work at all.
 // `ignore_merges` (Llama 3): a word that is itself a token is emitted whole.
+// The words come from the `pre` family's regexes, or from the spec's split rules
+// (tokenizer.json pre-tokenizers).
 #include <algorithm>
 #include <string>
 #include <unordered_map>
@@ -55,8 +57,8 @@ class ByteLevelBpeModel final : public TokenizerModel {
  public:
   ByteLevelBpeModel(const VocabSpec& spec, const TokenIndex& index)
       : index_(index),
-        family_(pre_tokenizer_family(spec.pre)),
-        splitter_(family_.patterns),
+        splitter_(spec.split_rules.empty() ? RegexSplitter(pre_tokenizer_family(spec.pre).patterns)
+                                           : RegexSplitter(spec.split_rules)),
         ignore_merges_(spec.ignore_merges) {
     for (int b = 0; b < 256; ++b) {
       const auto it = index_.find(byte_alphabet::spelling_of(uint8_t(b)));
@@ -142,7 +144,6 @@ class ByteLevelBpeModel final : public TokenizerModel {
   }
 
   const TokenIndex& index_;
-  const PreTokenizerFamily& family_;
   RegexSplitter splitter_;
   bool ignore_merges_;
   int32_t byte_tokens_[256];

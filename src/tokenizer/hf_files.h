@@ -3,6 +3,7 @@
 //   vocab.json + merges.txt (+ added_tokens.json, tokenizer_config.json): GPT-2, Qwen2
 //   tokenizer.model as tiktoken ranks (base64 token, space, rank per line): Llama 3
 //   tokenizer.model as a SentencePiece ModelProto (protobuf): Llama 2, Mistral
+//   tokenizer.json (Hugging Face tokenizers): any of the above, SentencePiece unigram, BERT
 // Each gives the same ids as llama.cpp's conversion of the same files to GGUF.
 #include <filesystem>
 #include <string>
@@ -25,11 +26,16 @@ VocabSpec read_tiktoken_model(const std::filesystem::path& file);
 // A SentencePiece model (BPE type): pieces, scores, types and the special ids.
 VocabSpec read_sentencepiece_model(const std::filesystem::path& file);
 
+// A Hugging Face tokenizer.json (BPE, Unigram or WordPiece model, with its normalizer,
+// pre-tokenizer, decoder, added tokens and post-processor), with the special-token
+// settings of tokenizer_config.json beside it (hf_tokenizer_json.cpp).
+VocabSpec read_tokenizer_json(const std::filesystem::path& file);
+
 // Whether a tokenizer.model file holds tiktoken ranks (text) rather than a protobuf.
 bool is_tiktoken_file(const std::filesystem::path& file);
 
 // Any tokenizer kiln reads: a GGUF file, one of the files above, or a model directory
-// holding them (tokenizer.model first, then vocab.json + merges.txt).
+// holding them (tokenizer.json first, then tokenizer.model, then vocab.json + merges.txt).
 Tokenizer load_tokenizer(const std::filesystem::path& path);
 
 }  // namespace kiln

@@ -125,32 +125,101 @@ std::vector<std::string_view> pre_tokenizer_names() {
 
 struct RegexSplitter::Compiled {
   pcre2_code* code = nullptr;
+  SplitBehavior behavior = SplitBehavior::kIsolated;
+  bool invert = false;
   ~Compiled() {
     if (code) pcre2_code_free(code);
   }
 };
 
 RegexSplitter::RegexSplitter(const std::vector<std::string_view>& patterns) {
-  for (std::string_view pattern : patterns) {
-    auto compiled = std::make_unique<Compiled>();
-    int error = 0;
-    PCRE2_SIZE error_offset = 0;
-    compiled->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error,
-                                   &error_offset, nullptr);
-    if (!compiled->code) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(error, message, sizeof(message));
-      fail("tokenizer: cannot compile pre-tokenizer regex '{}' at offset {}: {}", pattern,
-           error_offset, reinterpret_cast<const char*>(message));
-    }
-    // Without JIT (unsupported platform) pcre2_match falls back to the interpreter.
-    pcre2_jit_compile(compiled->code, PCRE2_JIT_COMPLETE);
-    compiled_.push_back(std::move(compiled));
+  for (std::string_view pattern : patterns) compile(pattern, SplitBehavior::kIsolated, false);
+}
+
+RegexSplitter::RegexSplitter(const std::vector<SplitRule>& rules) {
+  for (const SplitRule& rule : rules) compile(rule.pattern, rule.behavior, rule.invert);
+}
+
+void RegexSplitter::compile(std::string_view pattern, SplitBehavior behavior, bool invert) {
+  auto compiled = std::make_unique<Compiled>();
+  compiled->behavior = behavior;
+  compiled->invert = invert;
+  int error = 0;
+  PCRE2_SIZE error_offset = 0;
+  compiled->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                 PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error,
+                                 &error_offset, nullptr);
+  if (!compiled->code) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(error, message, sizeof(message));
+    fail("tokenizer: cannot compile pre-tokenizer regex '{}' at offset {}: {}", pattern,
+         error_offset, reinterpret_cast<const char*>(message));
   }
+  // Without JIT (unsupported platform) pcre2_match falls back to the interpreter.
+  pcre2_jit_compile(compiled->code, PCRE2_JIT_COMPLETE);
+  compiled_.push_back(std::move(compiled));
 }
 
 RegexSplitter::~RegexSplitter() = default;
+
+namespace {
+
+// A run of a piece: a match of the rule's pattern or the text between two matches.
+struct Segment {
+  TextSpan span;
+  bool delimiter;  // a match (or, inverted, an in-between run)
+};
+
+// Appends the pieces HF's SplitDelimiterBehavior makes of one piece's segments.
+void apply_behavior(const std::vector<Segment>& segments, SplitBehavior behavior,
+                    std::vector<TextSpan>& out) {
+  const auto extend_last = [&](TextSpan s) { out.back().length = s.offset + s.length - out.back().offset; };
+  const size_t first = out.size();  // pieces before this one are never merged into
+  bool previous_delimiter = false;
+  switch (behavior) {
+    case SplitBehavior::kIsolated:
+      for (const Segment& s : segments) out.push_back(s.span);
+      return;
+    case SplitBehavior::kRemoved:
+      for (const Segment& s : segments) {
+        if (!s.delimiter) out.push_back(s.span);
+      }
+      return;
+    case SplitBehavior::kContiguous:
+      for (const Segment& s : segments) {
+        if (s.delimiter && previous_delimiter && out.size() > first) extend_last(s.span);
+        else out.push_back(s.span);
+        previous_delimiter = s.delimiter;
+      }
+      return;
+    case SplitBehavior::kMergedWithPrevious:
+      // A delimiter joins the piece before it, unless that piece is itself a delimiter.
+      for (const Segment& s : segments) {
+        if (s.delimiter && !previous_delimiter && out.size() > first) extend_last(s.span);
+        else out.push_back(s.span);
+        previous_delimiter = s.delimiter;
+      }
+      return;
+    case SplitBehavior::kMergedWithNext: {
+      // Mirror image: walk backwards, a delimiter joins the piece after it.
+      std::vector<TextSpan> reversed;
+      for (size_t i = segments.size(); i-- > 0;) {
+        const Segment& s = segments[i];
+        if (s.delimiter && !previous_delimiter && !reversed.empty()) {
+          reversed.back().length += reversed.back().offset - s.span.offset;
+          reversed.back().offset = s.span.offset;
+        } else {
+          reversed.push_back(s.span);
+        }
+        previous_delimiter = s.delimiter;
+      }
+      out.insert(out.end(), reversed.rbegin(), reversed.rend());
+      return;
+    }
+  }
+}
+
+}  // namespace
 
 void RegexSplitter::split(std::string_view text, std::vector<TextSpan>& pieces) const {
   pieces.clear();
@@ -158,6 +227,7 @@ void RegexSplitter::split(std::string_view text, std::vector<TextSpan>& pieces) 
   KILN_CHECK(text.size() < (size_t{1} << 32), "tokenizer: text of {} bytes is too long", text.size());
   pieces.push_back({0, static_cast<uint32_t>(text.size())});
   std::vector<TextSpan> next;
+  std::vector<Segment> segments;
   pcre2_match_context* context = thread_match_context();
   for (const auto& compiled : compiled_) {
     pcre2_match_data* match = pcre2_match_data_create_from_pattern(compiled->code, nullptr);
@@ -165,12 +235,17 @@ void RegexSplitter::split(std::string_view text, std::vector<TextSpan>& pieces) 
     next.clear();
     for (const TextSpan piece : pieces) {
       const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data() + piece.offset);
-      size_t kept = 0;  // end of the last emitted span, relative to the piece
+      segments.clear();
+      const auto add = [&](size_t start, size_t end, bool matched) {
+        segments.push_back({{piece.offset + uint32_t(start), uint32_t(end - start)}, matched != compiled->invert});
+      };
+      size_t kept = 0;  // end of the last segment, relative to the piece
       size_t pos = 0;
       while (pos < piece.length) {
         const int rc = pcre2_match(compiled->code, subject, piece.length, pos, 0, match, context);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
+          pcre2_match_data_free(match);
           PCRE2_UCHAR message[256];
           pcre2_get_error_message(rc, message, sizeof(message));
           fail("tokenizer: regex match failed: {}", reinterpret_cast<const char*>(message));
@@ -181,11 +256,12 @@ void RegexSplitter::split(std::string_view text, std::vector<TextSpan>& pieces) 
           pos = start + unicode::sequence_length(static_cast<uint8_t>(subject[start]));
           continue;
         }
-        if (start > kept) next.push_back({piece.offset + uint32_t(kept), uint32_t(start - kept)});
-        next.push_back({piece.offset + uint32_t(start), uint32_t(end - start)});
+        if (start > kept) add(kept, start, false);
+        add(start, end, true);
         kept = pos = end;
       }
-      if (kept < piece.length) next.push_back({piece.offset + uint32_t(kept), uint32_t(piece.length - kept)});
+      if (kept < piece.length) add(kept, piece.length, false);
+      apply_behavior(segments, compiled->behavior, next);
     }
     pcre2_match_data_free(match);
     pieces.swap(next);

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/vocab.h"
+
 namespace kiln {
 
 struct PreTokenizerFamily {
@@ -29,13 +31,16 @@ struct TextSpan {
   uint32_t length;
 };
 
-// Splits text with a list of patterns: the first cuts the whole text into its matches and
-// the runs between them (kept as pieces of their own); each next pattern cuts every piece
-// of the previous step the same way. Malformed UTF-8 never matches and so ends up in the
-// in-between pieces, byte for byte. Thread-safe.
+// Splits text with a list of rules: the first cuts the whole text into its matches and
+// the runs between them; each next rule cuts every piece of the previous step the same
+// way. With SplitBehavior::kIsolated (the patterns-only constructor) matches and runs
+// between them are all kept as pieces of their own; the other behaviors are HF's (see
+// SplitBehavior). Malformed UTF-8 never matches and so ends up in the in-between pieces,
+// byte for byte. Thread-safe.
 class RegexSplitter {
  public:
   explicit RegexSplitter(const std::vector<std::string_view>& patterns);
+  explicit RegexSplitter(const std::vector<SplitRule>& rules);
   ~RegexSplitter();
   RegexSplitter(const RegexSplitter&) = delete;
   RegexSplitter& operator=(const RegexSplitter&) = delete;
@@ -45,6 +50,7 @@ class RegexSplitter {
 
  private:
   struct Compiled;
+  void compile(std::string_view pattern, SplitBehavior behavior, bool invert);
   std::vector<std::unique_ptr<Compiled>> compiled_;
 };
 

@@ -6,15 +6,24 @@
 // and the new neighbours become candidates, until none is left. A final symbol that is not
 // a token is written as byte tokens <0xNN> (or <unk> when the vocabulary has none).
 //
+// Hugging Face's BPE with SentencePiece spaces (tokenizer.json with byte_fallback, e.g.
+// Llama 2 as converted by transformers) ranks a pair by its position in the merge list
+// instead: when the spec has merges, a candidate's priority is minus the rank of the pair
+// (left token, right token), and a pair not in the list never merges. Its pre-tokenizer
+// split rules, if any, cut the text into words merged one by one; without byte_fallback
+// an unknown character becomes one <unk> (consecutive ones fused, as HF's fuse_unk).
+//
 // Speed: when no token has a U+2581 right after another character (true of SentencePiece
 // vocabularies trained with split_by_whitespace), no merge can cross the start of a word,
 // so each word is merged on its own: same result, small queues.
 #include <algorithm>
 #include <cstdio>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer_model.h"
 #include "tokenizer/unicode.h"
 
@@ -27,6 +36,10 @@ constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581
 // Whether the U+2581 at byte `at` (> 0) follows a character other than U+2581.
 bool starts_word(std::string_view text, size_t at) {
   return at < kSpaceMark.size() || text.substr(at - kSpaceMark.size(), kSpaceMark.size()) != kSpaceMark;
+}
+
+uint64_t pair_key(int32_t left, int32_t right) {
+  return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
 }
 
 struct Symbol {
@@ -66,6 +79,15 @@ class SentencePieceModel final : public TokenizerModel {
       if (it == index_.end()) it = index_.find(std::string_view(reinterpret_cast<const char*>(&b), 1));
       byte_tokens_[b] = it != index_.end() ? it->second : spec_.special.unk;
     }
+    std::string joined;
+    for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
+      const auto& [left, right] = spec.merges[rank];
+      const auto l = index_.find(left), r = index_.find(right);
+      joined.assign(left).append(right);
+      if (l == index_.end() || r == index_.end() || index_.find(joined) == index_.end()) continue;
+      merge_ranks_.emplace(pair_key(l->second, r->second), int32_t(rank));  // the first listing wins
+    }
+    if (!spec.split_rules.empty()) splitter_ = std::make_unique<RegexSplitter>(spec.split_rules);
   }
 
   void encode(std::string_view text, std::vector<int32_t>& out) const override {
@@ -73,6 +95,12 @@ class SentencePieceModel final : public TokenizerModel {
     KILN_CHECK(text.size() < (size_t{1} << 31), "sentencepiece: text of {} bytes is too long",
                text.size());
     Scratch scratch;
+    if (splitter_) {
+      std::vector<TextSpan> words;
+      splitter_->split(text, words);
+      for (const TextSpan w : words) encode_run(text.substr(w.offset, w.length), scratch, out);
+      return;
+    }
     if (!split_words_) {
       encode_run(text, scratch, out);
       return;
@@ -115,7 +143,15 @@ class SentencePieceModel final : public TokenizerModel {
       const std::string_view merged = text.substr(a.offset, a.length + b.length);
       const auto it = index_.find(merged);
       if (it == index_.end()) return;
-      const float score = spec_.scores.empty() ? 0.0f : spec_.scores[it->second];
+      float score = spec_.scores.empty() ? 0.0f : spec_.scores[it->second];
+      if (!merge_ranks_.empty()) {
+        const auto l = index_.find(text.substr(a.offset, a.length));
+        const auto r = index_.find(text.substr(b.offset, b.length));
+        if (l == index_.end() || r == index_.end()) return;
+        const auto rank = merge_ranks_.find(pair_key(l->second, r->second));
+        if (rank == merge_ranks_.end()) return;
+        score = -float(rank->second);  // exact: ranks stay far below 2^24
+      }
       heap.push_back({score, left, right, static_cast<uint32_t>(merged.size())});
       std::push_heap(heap.begin(), heap.end(), CandidateOrder{});
     };
@@ -136,12 +172,20 @@ class SentencePieceModel final : public TokenizerModel {
       consider(c.left, left.next);
     }
 
+    bool unknown_before = false;  // the last id written was an unknown character's <unk>
     for (int32_t i = 0; i != -1; i = symbols[i].next) {
       const Symbol& s = symbols[i];
       const std::string_view piece = text.substr(s.offset, s.length);
       const auto it = index_.find(piece);
       if (it != index_.end()) {
         out.push_back(it->second);
+        unknown_before = false;
+        continue;
+      }
+      if (!spec_.byte_fallback) {
+        KILN_CHECK(spec_.special.unk != kNoToken, "sentencepiece: unknown text and the vocabulary has no <unk>");
+        if (!unknown_before) out.push_back(spec_.special.unk);
+        unknown_before = true;
         continue;
       }
       for (unsigned char byte : piece) {
@@ -157,6 +201,8 @@ class SentencePieceModel final : public TokenizerModel {
   const TokenIndex& index_;
   int32_t byte_tokens_[256];
   bool split_words_ = false;
+  std::unordered_map<uint64_t, int32_t> merge_ranks_;  // (left id, right id) -> rank
+  std::unique_ptr<RegexSplitter> splitter_;
 };
 
 }  // namespace

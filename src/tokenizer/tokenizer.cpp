@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "tokenizer/byte_alphabet.h"
+#include "tokenizer/normalizer.h"
 #include "tokenizer/tokenizer_model.h"
 #include "tokenizer/unicode.h"
 
@@ -90,7 +91,9 @@ Tokenizer::Tokenizer(VocabSpec source) : vocab_(std::make_unique<Vocabulary>()) 
     case TokenizerKind::kSentencePiece: model_ = make_sentencepiece_model(spec, index); break;
     case TokenizerKind::kBytePairBpe: model_ = make_byte_level_bpe_model(spec, index); break;
     case TokenizerKind::kWordPiece: model_ = make_wordpiece_model(spec, index); break;
+    case TokenizerKind::kUnigram: model_ = make_unigram_model(spec, index); break;
   }
+  if (spec.hf_pipeline || !spec.normalizer.empty()) normalizer_ = std::make_unique<TextNormalizer>(spec.normalizer);
 }
 
 Tokenizer::~Tokenizer() = default;
@@ -134,7 +137,11 @@ void Tokenizer::build_special_tokens() {
     if (!special || text.empty()) continue;
     bool rstrip = phi3;
     if (phi3 && (text == "<unk>" || text == "<s>" || text == "<|endoftext|>")) rstrip = false;
-    special_tokens_.push_back({int32_t(id), false, rstrip});
+    const auto listed = [&](const std::vector<int32_t>& ids) {
+      return std::find(ids.begin(), ids.end(), int32_t(id)) != ids.end();
+    };
+    rstrip = rstrip || listed(vocab_->spec.rstrip_ids);
+    special_tokens_.push_back({int32_t(id), listed(vocab_->spec.lstrip_ids), rstrip});
   }
   std::stable_sort(special_tokens_.begin(), special_tokens_.end(), [&](const SpecialToken& a, const SpecialToken& b) {
     return vocab_->spec.tokens[a.id].size() > vocab_->spec.tokens[b.id].size();
@@ -246,7 +253,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special, 
       previous_was_special = true;
       continue;
     }
-    if (vocab_->spec.kind == TokenizerKind::kSentencePiece) {
+    if (normalizer_) {
+      // tokenizer.json: its normalizer does the space escaping and prefix, if any.
+      model_->encode(normalizer_->normalize(f.text, f.text.data() == text.data()), out);
+    } else if (uses_space_mark(vocab_->spec.kind)) {
       escaped.clear();
       if (vocab_->spec.add_space_prefix && previous_was_special) escaped += kSpaceMark;
       append_escaped_spaces(escaped, f.text);
@@ -298,7 +308,7 @@ std::string StreamingDecoder::push(int32_t id) {
   std::string_view piece = tokenizer_.pieces_[id];
   if (piece.empty()) return {};
   // SentencePiece's decoder drops the space it added in front of the first word.
-  if (at_start_ && tokenizer_.vocab_->spec.kind == TokenizerKind::kSentencePiece &&
+  if (at_start_ && uses_space_mark(tokenizer_.vocab_->spec.kind) &&
       tokenizer_.vocab_->spec.add_space_prefix && tokenizer_.vocab_->spec.types[id] == TokenType::kNormal &&
       piece.front() == ' ') {
     piece.remove_prefix(1);

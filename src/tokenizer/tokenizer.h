@@ -1,10 +1,11 @@
 #pragma once
 // Text to token ids and back, the way the model's own tokenizer does it.
 //
-// One Tokenizer class over three algorithms, chosen by the vocabulary:
+// One Tokenizer class over four algorithms, chosen by the vocabulary:
 //   SentencePiece-style BPE ("llama"): spm.cpp
 //   byte-level BPE ("gpt2") with per-family pre-tokenizer regexes: bpe.cpp, pretokenizer.cpp
 //   WordPiece ("bert"): wordpiece.cpp
+//   SentencePiece unigram (Hugging Face tokenizer.json "Unigram"): unigram.cpp
 // Special tokens are split out of the text first (special_tokens.cpp), as llama.cpp and
 // Hugging Face do: control tokens only when asked (parse_special), user-defined tokens
 // always. A Tokenizer is immutable after construction and safe to share between threads.
@@ -24,6 +25,7 @@ class File;
 }
 
 class TokenizerModel;  // the algorithm behind a Tokenizer (tokenizer_model.h)
+class TextNormalizer;  // tokenizer.json normalizers (normalizer.h)
 
 struct DecodeOptions {
   bool render_special = false;  // write control/unknown tokens' text instead of nothing
@@ -96,6 +98,7 @@ class Tokenizer {
   std::vector<SpecialToken> special_tokens_;  // longest text first
   std::vector<int32_t> eog_ids_;           // sorted
   std::unique_ptr<TokenizerModel> model_;
+  std::unique_ptr<TextNormalizer> normalizer_;  // only when the spec has normalizer steps
 };
 
 // Turns ids into text one at a time, returning only whole UTF-8 characters: a character

@@ -22,6 +22,7 @@ std::unique_ptr<TokenizerModel> make_sentencepiece_model(const VocabSpec& spec,
                                                          const TokenIndex& index);
 std::unique_ptr<TokenizerModel> make_byte_level_bpe_model(const VocabSpec& spec,
                                                           const TokenIndex& index);
+std::unique_ptr<TokenizerModel> make_unigram_model(const VocabSpec& spec, const TokenIndex& index);
 std::unique_ptr<TokenizerModel> make_wordpiece_model(const VocabSpec& spec,
                                                      const TokenIndex& index);
 
