@@ -9,6 +9,7 @@ void register_commands(CLI::App& app) {
   register_tokenize(app);
   register_run(app);
   register_chat(app);
+  register_logits(app);
 }
 
 }  // namespace kiln::cli

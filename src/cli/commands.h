@@ -13,5 +13,6 @@ void register_quantize(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);
+void register_logits(CLI::App& app);
 
 }  // namespace kiln::cli
