@@ -2,6 +2,8 @@
 // The CPU implementations of the Backend ops (backend/backend.h has the contracts). They
 // are the reference every other backend is checked against: plain loops, f32 activations,
 // accumulations where precision matters in double, work split over a ThreadPool.
+#include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -32,6 +34,20 @@ struct MoeScratch {
 };
 void moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
              const GluParams& act, Tensor& out, MoeScratch& scratch, ThreadPool& pool);
+
+// Runs fn over [0, n) split on the pool, or on the calling thread when the whole job
+// (n items of about `cost` operations each) is too small to repay waking the workers —
+// the common case in decode on small models.
+inline void parallel_items(ThreadPool& pool, int64_t n, int64_t cost,
+                           const std::function<void(int64_t begin, int64_t end)>& fn) {
+  constexpr int64_t kMinWorkPerThread = 16384;
+  cost = std::max<int64_t>(cost, 1);
+  if (pool.size() == 1 || n * cost < 2 * kMinWorkPerThread) {
+    if (n > 0) fn(0, n);
+    return;
+  }
+  pool.parallel_for(n, std::max<int64_t>(1, kMinWorkPerThread / cost), fn);
+}
 
 // Checks shared by the ops: an f32 activation, densely packed rows.
 void require_f32_rows(const Tensor& t, const char* op, const char* what);

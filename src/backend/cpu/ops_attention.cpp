@@ -53,7 +53,7 @@ void rope(Tensor& x, const Tensor& positions, const RopeParams& p, ThreadPool& p
     corr_high = std::min(float(p.n_rot - 1), p.yarn.truncate ? std::ceil(high) : high);
   }
   const int32_t* pos = positions.as<int32_t>();
-  pool.parallel_for(n_tokens, 1, [&](int64_t begin, int64_t end) {
+  parallel_items(pool, n_tokens, int64_t(half) * 40 + n_heads * p.n_rot * 4, [&](int64_t begin, int64_t end) {
     std::vector<float> cos_v(half), sin_v(half);
     for (int64_t t = begin; t < end; ++t) {
       for (int i = 0; i < half; ++i) {
@@ -138,7 +138,9 @@ void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, c
                "attention: token {} (position {}, sequence row {}) lies outside the block tables", t, pos[t],
                seq_row[t]);
 
-  pool.parallel_for(n_tokens * p.n_head, 1, [&](int64_t begin, int64_t end) {
+  const int64_t keys = std::min<int64_t>(batch.max_position + 1,
+                                        p.sliding_window > 0 ? p.sliding_window : batch.max_position + 1);
+  parallel_items(pool, n_tokens * p.n_head, keys * (p.head_dim_k + p.head_dim_v) * 2, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     std::vector<double> acc(size_t(p.head_dim_v));
     for (int64_t job = begin; job < end; ++job) {

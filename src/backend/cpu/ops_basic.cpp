@@ -50,7 +50,7 @@ void get_rows(const Tensor& table, const Tensor& ids, Tensor& out, ThreadPool& p
   for (int64_t t = 0; t < out.rows(); ++t)
     KILN_CHECK(id[t] >= 0 && id[t] < n_table_rows, "get_rows: id {} at {} outside table {} of {} rows", id[t], t,
                table.name, n_table_rows);
-  pool.parallel_for(out.rows(), 16, [&](int64_t begin, int64_t end) {
+  parallel_items(pool, out.rows(), out.ne[0] * 4, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* src = table.row_ptr(id[t]);
       if (table.dtype == GgmlType::F32)
@@ -89,7 +89,7 @@ void rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out, Thre
   require_f32_rows(out, "rmsnorm", "out");
   basic_ops::same_shape(x, out, "rmsnorm");
   const float* w = basic_ops::norm_weight(weight, x.ne[0], "rmsnorm");
-  pool.parallel_for(x.rows(), 8, [&](int64_t begin, int64_t end) {
+  parallel_items(pool, x.rows(), x.ne[0] * 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) basic_ops::normalize_row(f32_row(x, r), w, eps, x.ne[0], f32_row(out, r));
   });
 }
@@ -101,7 +101,7 @@ void add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& weight, float 
   basic_ops::same_shape(x, residual, "add_rmsnorm");
   basic_ops::same_shape(x, out, "add_rmsnorm");
   const float* w = basic_ops::norm_weight(weight, x.ne[0], "add_rmsnorm");
-  pool.parallel_for(x.rows(), 8, [&](int64_t begin, int64_t end) {
+  parallel_items(pool, x.rows(), x.ne[0] * 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* h = f32_row(residual, r);
       const float* a = f32_row(x, r);
@@ -141,7 +141,7 @@ void glu(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& 
   basic_ops::same_shape(gate, up, "glu");
   basic_ops::same_shape(gate, out, "glu");
   const int64_t n = gate.ne[0];
-  pool.parallel_for(gate.rows(), 8, [&](int64_t begin, int64_t end) {
+  parallel_items(pool, gate.rows(), gate.ne[0] * 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* g = f32_row(gate, r);
       const float* u = f32_row(up, r);
