@@ -191,10 +191,18 @@ void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
 
 // ---- prefill ------------------------------------------------------------------------------
 
+// acc[r * lanes + t] -> y[tok0 + t][row0 + r]: transposed in registers' reach first, so that
+// each token's rows go out as one contiguous run (strided single stores to 16 different
+// pages cost more than the kernel's arithmetic for small tiles).
 void store_tile(const MatmulArgs& a, const float* acc, int lanes, int64_t row0, int rows, int64_t tok0) {
   const int n = int(std::min<int64_t>(lanes, a.n_tokens - tok0));
-  for (int r = 0; r < rows; ++r)
-    for (int t = 0; t < n; ++t) a.y[(tok0 + t) * a.y_stride + row0 + r] = acc[r * lanes + t];
+  float run[16];
+  for (int t = 0; t < n; ++t) {
+    for (int r = 0; r < rows; ++r) run[r] = acc[r * lanes + t];
+    float* dst = a.y + (tok0 + t) * a.y_stride + row0;
+    if (rows == 8) std::memcpy(dst, run, 8 * sizeof(float));  // fixed size: inlined, no call
+    else std::memcpy(dst, run, sizeof(float) * size_t(rows));
+  }
 }
 
 void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
@@ -250,26 +258,35 @@ void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
     }
   });
   const int64_t wgroups = a.cols / layout.group;  // affine groups per weight row
-  const int64_t n_tiles = (a.rows + kTileRows - 1) / kTileRows;
+  const int64_t n_tiles = (a.rows + kInt8TileRows - 1) / kInt8TileRows;
   parallel_chunks(pool, n_tiles, 1, [&](int64_t t0, int64_t t1) {
-    thread_local Scratch q_buf, meta_buf;
-    const int64_t q_stride = int64_t(align64(size_t(a.cols)));
-    auto* q = q_buf.get<int8_t>(size_t(kTileRows * q_stride));
-    float* meta = meta_buf.get<float>(size_t(4 * kTileRows * wgroups));
-    float* scale = meta;
-    float* offset = meta + kTileRows * wgroups;
-    auto* qsum = reinterpret_cast<int32_t*>(meta + 2 * kTileRows * wgroups);
-    auto* bias = reinterpret_cast<int32_t*>(meta + 3 * kTileRows * wgroups);
-    const Int8Tile tile{q, q_stride, scale, layout.has_offset ? offset : nullptr, bias, wgroups, layout.group};
-    alignas(64) float acc[kTileRows * 16];
+    // Rows are unpacked straight into the block-major tile (hot types), or row-major and
+    // then scattered.
+    thread_local Scratch row_buf, tile_buf, meta_buf;
+    auto* q_row = row_buf.get<int8_t>(size_t(a.cols) + 4 * 4 * size_t(wgroups));
+    auto* scale = reinterpret_cast<float*>(q_row + a.cols);
+    float* offset = scale + wgroups;
+    auto* qsum = reinterpret_cast<int32_t*>(offset + wgroups);
+    int32_t* bias = qsum + wgroups;
+    auto* tile_q = tile_buf.get<int8_t>(size_t(kInt8TileRows) * size_t(a.cols));
+    auto* meta = meta_buf.get<Int8GroupMeta>(size_t(kInt8TileRows) * size_t(wgroups));
+    const Int8Tile tile{tile_q, meta, layout.has_offset, layout.group};
+    alignas(64) float acc[kInt8TileRows * 16];
     for (int64_t tile_index = t0; tile_index < t1; ++tile_index) {
-      const int64_t row0 = tile_index * kTileRows;
-      const int rows = int(std::min<int64_t>(kTileRows, a.rows - row0));
+      const int64_t row0 = tile_index * kInt8TileRows;
+      const int rows = int(std::min<int64_t>(kInt8TileRows, a.rows - row0));
       for (int r = 0; r < rows; ++r) {
-        const Int8Row out{q + r * q_stride, scale + r * wgroups, offset + r * wgroups, qsum + r * wgroups};
-        if (!avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, out))
-          unpack_int8_row(a.type, weight_row(a, row0 + r), a.cols, out);
-        avx512::group_bias(out.q, layout.group, wgroups, bias + r * wgroups);
+        const int64_t tile_stride = 32 * kInt8TileRows;
+        const Int8Row direct{tile_q + 32 * r, scale, offset, qsum};
+        if (avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, direct, tile_stride)) {
+          avx512::group_bias_blocks(direct.q, tile_stride, layout.group, wgroups, bias);
+        } else {
+          unpack_int8_row(a.type, weight_row(a, row0 + r), a.cols, {q_row, scale, offset, qsum});
+          avx512::group_bias(q_row, layout.group, wgroups, bias);
+          for (int64_t b = 0; b < n_blocks; ++b) std::memcpy(direct.q + b * tile_stride, q_row + 32 * b, 32);
+        }
+        for (int64_t g = 0; g < wgroups; ++g)
+          meta[g * kInt8TileRows + r] = {bias[g], scale[g], layout.has_offset ? offset[g] : 0.0f};
       }
       for (int64_t g = 0; g < n_groups; ++g) {
         avx512::panel_int8(tile, rows, 0, n_blocks, panel + g * n_blocks, acc, false);

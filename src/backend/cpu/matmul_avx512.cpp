@@ -134,10 +134,11 @@ void prepare_int8_panel(const float* x, int64_t x_stride, int n_tokens, int64_t 
 
 namespace {
 
-inline __m512i bcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
+// acc += x (unsigned bytes) . the 4 signed bytes at p, broadcast: one instruction with an
+// embedded-broadcast memory operand (GCC emits a separate vpbroadcastd for the intrinsic).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i x, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
 }
 
 template <int R, bool kOffset>
@@ -150,13 +151,17 @@ void panel_int8_g32(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
     for (int c = 0; c < 8; ++c) xc[c] = _mm512_load_si512(p.u[c]);
     const __m512 dx = _mm512_load_ps(p.dx);
     for (int r = 0; r < R; ++r) {
-      const int64_t g = r * tile.group_stride + b;
-      const int8_t* q = tile.q + r * tile.q_stride + 32 * b;
-      __m512i s = _mm512_set1_epi32(tile.bias[g]);
-      for (int c = 0; c < 8; ++c) s = _mm512_dpbusd_epi32(s, xc[c], bcast4(q + 4 * c));
-      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(tile.scale[g]), dx), a[r]);
-      if constexpr (kOffset)
-        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(tile.offset[g]), _mm512_load_ps(p.dx_sum_all), a[r]);
+      const int8_t* q = tile.q + (b * kInt8TileRows + r) * 32;
+      const Int8GroupMeta& m = tile.meta[b * kInt8TileRows + r];
+      // Two chains of 4 (vpdpbusd has a latency of several cycles).
+      __m512i s = _mm512_set1_epi32(m.bias), s2 = _mm512_setzero_si512();
+      for (int c = 0; c < 8; c += 2) {
+        s = dpbusd_bcast(s, xc[c], q + 4 * c);
+        s2 = dpbusd_bcast(s2, xc[c + 1], q + 4 * c + 4);
+      }
+      s = _mm512_add_epi32(s, s2);
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(m.scale), dx), a[r]);
+      if constexpr (kOffset) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(m.offset), _mm512_load_ps(p.dx_sum_all), a[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + 16 * r, a[r]);
@@ -172,14 +177,18 @@ void panel_int8_g16(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
     for (int c = 0; c < 8; ++c) xc[c] = _mm512_load_si512(p.u[c]);
     const __m512 dx = _mm512_load_ps(p.dx);
     for (int r = 0; r < R; ++r) {
-      const int8_t* q = tile.q + r * tile.q_stride + 32 * b;
+      const int8_t* q = tile.q + (b * kInt8TileRows + r) * 32;
       for (int h = 0; h < 2; ++h) {
-        const int64_t g = r * tile.group_stride + 2 * b + h;
-        __m512i s = _mm512_set1_epi32(tile.bias[g]);
-        for (int c = 0; c < 4; ++c) s = _mm512_dpbusd_epi32(s, xc[4 * h + c], bcast4(q + 16 * h + 4 * c));
-        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(tile.scale[g]), dx), a[r]);
+        const Int8GroupMeta& m = tile.meta[(2 * b + h) * kInt8TileRows + r];
+        __m512i s = _mm512_set1_epi32(m.bias), s2 = _mm512_setzero_si512();
+        s = dpbusd_bcast(s, xc[4 * h], q + 16 * h);
+        s2 = dpbusd_bcast(s2, xc[4 * h + 1], q + 16 * h + 4);
+        s = dpbusd_bcast(s, xc[4 * h + 2], q + 16 * h + 8);
+        s2 = dpbusd_bcast(s2, xc[4 * h + 3], q + 16 * h + 12);
+        s = _mm512_add_epi32(s, s2);
+        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(m.scale), dx), a[r]);
         if constexpr (kOffset)
-          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(tile.offset[g]), _mm512_load_ps(h ? p.dx_sum_hi : p.dx_sum_lo), a[r]);
+          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(m.offset), _mm512_load_ps(h ? p.dx_sum_hi : p.dx_sum_lo), a[r]);
       }
     }
   }
@@ -188,7 +197,7 @@ void panel_int8_g16(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
 
 template <int R>
 void panel_int8_rows(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8PanelBlock* panel, float* acc, bool accumulate) {
-  const bool off = tile.offset != nullptr;
+  const bool off = tile.has_offset;
   if (tile.group == 32) {
     if (off) panel_int8_g32<R, true>(tile, b0, b1, panel, acc, accumulate);
     else panel_int8_g32<R, false>(tile, b0, b1, panel, acc, accumulate);
@@ -214,25 +223,76 @@ void panel_int8(const Int8Tile& tile, int rows, int64_t b0, int64_t b1, const In
   }
 }
 
+void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t n_groups, int32_t* bias) {
+  const __m512i flip = _mm512_set1_epi8(char(0x80));
+  const int per_block = 32 / group;
+  const int64_t n_blocks = n_groups / per_block;
+  auto load = [&](int64_t b) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * block_stride)); };
+  int64_t b = 0;
+  for (; b + 2 <= n_blocks; b += 2) {
+    // psadbw over two blocks: 8 sums of 8 bytes of q + 128; then sums of 16 (64-bit lanes
+    // 0, 2, 4, 6) and of 32 (lanes 0 and 4).
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(load(b)), load(b + 1), 1);
+    const __m512i s = _mm512_sad_epu8(_mm512_xor_si512(v, flip), _mm512_setzero_si512());
+    const __m512i pairs = _mm512_add_epi64(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
+    if (group == 16) {
+      const __m128i sums = _mm256_castsi256_si128(_mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(0x55, pairs)));
+      const __m128i out = _mm_mullo_epi32(_mm_sub_epi32(sums, _mm_set1_epi32(128 * 16)), _mm_set1_epi32(-128));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(bias + 2 * b), out);
+    } else {
+      const __m512i quads = _mm512_add_epi64(pairs, _mm512_shuffle_i64x2(pairs, pairs, _MM_SHUFFLE(2, 3, 0, 1)));
+      const __m128i sums = _mm256_castsi256_si128(_mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(0x11, quads)));
+      const __m128i out = _mm_mullo_epi32(_mm_sub_epi32(sums, _mm_set1_epi32(128 * 32)), _mm_set1_epi32(-128));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(bias + b), out);
+    }
+  }
+  for (; b < n_blocks; ++b) {  // an odd last block
+    for (int h = 0; h < per_block; ++h) {
+      int32_t sum = 0;
+      for (int j = 0; j < group; ++j) sum += q[b * block_stride + h * group + j];
+      bias[b * per_block + h] = -128 * sum;
+    }
+  }
+}
+
 void group_bias(const int8_t* q, int group, int64_t n_groups, int32_t* bias) {
+  // psadbw sums 8 unsigned bytes; with q + 128 a group sums to sum(q) + 128 * group.
   const int64_t n = int64_t(group) * n_groups;
   const __m512i flip = _mm512_set1_epi8(char(0x80));
-  for (int64_t g = 0; g < n_groups; ++g) bias[g] = 0;
-  int64_t i = 0;
-  alignas(64) uint64_t part[8];
-  // psadbw sums 8 unsigned bytes; with q + 128 the sum of a group is sum(q) + 128 * group.
+  const int32_t shift = 128 * group;
+  int64_t i = 0, g = 0;
   for (; i + 64 <= n; i += 64) {
-    _mm512_store_si512(part, _mm512_sad_epu8(_mm512_xor_si512(_mm512_loadu_si512(q + i), flip), _mm512_setzero_si512()));
-    for (int j = 0; j < 8; ++j) bias[(i + 8 * j) / group] += int32_t(part[j]);
+    const __m512i s = _mm512_sad_epu8(_mm512_xor_si512(_mm512_loadu_si512(q + i), flip), _mm512_setzero_si512());
+    const __m512i pairs = _mm512_add_epi64(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));  // 64-bit lane 2k: sum of 16 bytes
+    if (group == 16) {
+      const __m128i four = _mm256_castsi256_si128(_mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(0x55, pairs)));
+      const __m128i sums = _mm_sub_epi32(four, _mm_set1_epi32(shift));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(bias + g), _mm_mullo_epi32(sums, _mm_set1_epi32(-128)));
+      g += 4;
+    } else {  // 32: lanes 0 and 4 after adding the neighbouring 128-bit lane
+      const __m512i quads = _mm512_add_epi64(pairs, _mm512_shuffle_i64x2(pairs, pairs, _MM_SHUFFLE(2, 3, 0, 1)));
+      bias[g] = -128 * (int32_t(_mm512_cvtsi512_si32(quads)) - shift);
+      bias[g + 1] = -128 * (int32_t(_mm256_cvtsi256_si32(_mm512_extracti64x4_epi64(quads, 1))) - shift);
+      g += 2;
+    }
   }
-  for (; i < n; ++i) bias[i / group] += q[i] + 128;
-  for (int64_t g = 0; g < n_groups; ++g) bias[g] = -128 * (bias[g] - 128 * group);
+  for (; g < n_groups; ++g) {  // a last group of 32 or fewer 16s
+    int32_t sum = 0;
+    for (int j = 0; j < group; ++j) sum += q[g * group + j];
+    bias[g] = -128 * sum;
+  }
 }
 
 // ---- SIMD unpackers for the hot types -------------------------------------------------------
 
-bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out) {
+bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out, int64_t block_stride) {
   const auto* src = static_cast<const uint8_t*>(row);
+  // 32-element block i of the row goes to out.q + i * block_stride.
+  auto store32 = [&](int64_t i, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + i * block_stride), v); };
+  auto store64 = [&](int64_t i, __m512i v) {
+    store32(i, _mm512_castsi512_si256(v));
+    store32(i + 1, _mm512_extracti64x4_epi64(v, 1));
+  };
   const __m256i nib = _mm256_set1_epi8(0x0F);
   switch (type) {
     case GgmlType::Q4_0: {
@@ -241,20 +301,20 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
         const uint8_t* blk = src + b * sizeof(BlockQ4_0);
         const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
         const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + 32 * b), _mm256_sub_epi8(_mm256_and_si256(both, nib), eight));
+        store32(b, _mm256_sub_epi8(_mm256_and_si256(both, nib), eight));
         uint16_t d;
         std::memcpy(&d, blk, 2);
-        out.scale[b] = f16_to_f32(d);
+        out.scale[b] = _cvtsh_ss(d);
       }
       return true;
     }
     case GgmlType::Q8_0: {
       for (int64_t b = 0; b < cols / 32; ++b) {
         const uint8_t* blk = src + b * sizeof(BlockQ8_0);
-        std::memcpy(out.q + 32 * b, blk + 2, 32);
+        store32(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
         uint16_t d;
         std::memcpy(&d, blk, 2);
-        out.scale[b] = f16_to_f32(d);
+        out.scale[b] = _cvtsh_ss(d);
       }
       return true;
     }
@@ -262,11 +322,10 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
       for (int64_t b = 0; b < cols / 256; ++b) {
         BlockQ4_K blk;
         std::memcpy(&blk, src + b * sizeof(BlockQ4_K), sizeof(blk));
-        int8_t* q = out.q + 256 * b;
         for (int g = 0; g < 4; ++g) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * g));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 64 * g), _mm256_and_si256(v, nib));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 64 * g + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+          store32(8 * b + 2 * g, _mm256_and_si256(v, nib));
+          store32(8 * b + 2 * g + 1, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
         }
         const float d = f16_to_f32(blk.d), dmin = f16_to_f32(blk.dmin);
         for (int s = 0; s < 8; ++s) {
@@ -284,7 +343,6 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
       const __m512i shift_hi = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
       for (int64_t b = 0; b < cols / 256; ++b) {
         const uint8_t* blk = src + b * sizeof(BlockQ6_K);
-        int8_t* q = out.q + 256 * b;
         for (int half = 0; half < 2; ++half) {
           const __m512i ql = _mm512_loadu_si512(blk + 64 * half);
           const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * half)));
@@ -294,8 +352,8 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
           const __m512i hh = _mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), top);
           const __m512i lo = _mm512_or_si512(_mm512_and_si512(ql, nib512), hl);
           const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nib512), hh);
-          _mm512_storeu_si512(q + 128 * half, _mm512_sub_epi8(lo, bias));
-          _mm512_storeu_si512(q + 128 * half + 64, _mm512_sub_epi8(hi, bias));
+          store64(8 * b + 4 * half, _mm512_sub_epi8(lo, bias));
+          store64(8 * b + 4 * half + 2, _mm512_sub_epi8(hi, bias));
         }
         uint16_t dh;
         std::memcpy(&dh, blk + 208, 2);

@@ -47,15 +47,20 @@ struct alignas(64) Int8PanelBlock {
   float dx_sum_all[16];
 };
 
-// A tile of unpacked weight rows for the int8 prefill kernel: row r's groups at
-// q + r * q_stride, scale/offset/bias + r * group_stride. bias = -128 * qsum.
+// A tile of up to kInt8TileRows unpacked weight rows for the int8 prefill kernel, stored
+// block-major so that the kernel walks it with one pointer: the 32 bytes of block b of row r
+// at q[(b * kInt8TileRows + r) * 32], the affine map of group g of row r at
+// meta[g * kInt8TileRows + r] (bias = -128 * sum of the group's q).
+inline constexpr int kInt8TileRows = 8;
+struct Int8GroupMeta {
+  int32_t bias;
+  float scale;
+  float offset;
+};
 struct Int8Tile {
   const int8_t* q;
-  int64_t q_stride;
-  const float* scale;
-  const float* offset;  // null when the layout has no offset
-  const int32_t* bias;
-  int64_t group_stride;
+  const Int8GroupMeta* meta;
+  bool has_offset;
   int group;  // 16 or 32
 };
 
@@ -94,13 +99,17 @@ void decode_q6_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, con
 
 // int8 prefill: panel for up to 16 tokens (missing tokens are zero), `cols` / 32 blocks.
 void prepare_int8_panel(const float* x, int64_t x_stride, int n_tokens, int64_t cols, Int8PanelBlock* panel);
-// acc[r * 16 + t] (+)= the product of tile rows r < rows (<= 8) over blocks [b0, b1).
+// acc[r * 16 + t] (+)= the product of tile rows r < rows (<= kInt8TileRows) over blocks [b0, b1).
 void panel_int8(const Int8Tile& tile, int rows, int64_t b0, int64_t b1, const Int8PanelBlock* panel,
                 float* acc, bool accumulate);
 // SIMD unpackers for the hot types (same results as unpack_int8_row); false = not here.
-bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out);
-// bias[g] = -128 * sum of group g of q (`group` elements each).
+// 32-element block i of q goes to out.q + i * block_stride (32: a plain row; 32 *
+// kInt8TileRows: straight into a block-major Int8Tile).
+bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out, int64_t block_stride);
+// bias[g] = -128 * sum of group g of q (`group` elements each), q a plain row.
 void group_bias(const int8_t* q, int group, int64_t n_groups, int32_t* bias);
+// The same with the 32-element blocks of q at `block_stride` bytes from each other.
+void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t n_groups, int32_t* bias);
 }  // namespace avx512
 
 namespace avx2 {
