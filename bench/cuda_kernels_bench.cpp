@@ -204,7 +204,10 @@ void bench_copy(cudaStream_t s) {
   cudaFree(b);
 }
 
-void bench_matvec(cudaStream_t s, GgmlType type, int64_t rows, int64_t cols, int rows_per_block, bool quick) {
+// Times the product with x already quantized (the kernel; one quantized x serves several
+// matvecs of a layer) and, on the main shapes, the whole call with the quantization.
+void bench_matvec(cudaStream_t s, GgmlType type, int64_t rows, int64_t cols, int rows_per_warp, int warps_per_row,
+                  bool quick, bool with_quantize = false) {
   Rng rng{uint64_t(type) * 7919 + uint64_t(rows)};
   const std::vector<uint8_t> host = random_weights(type, rows, cols, rng);
   const Rotation w(host);
@@ -224,16 +227,34 @@ void bench_matvec(cudaStream_t s, GgmlType type, int64_t rows, int64_t cols, int
   a.cols = cols;
   a.x = x;
   a.y = y;
-  a.rows_per_block = rows_per_block;
+  a.rows_per_warp = rows_per_warp;
+  a.warps_per_row = warps_per_row;
+  const bool quant = traits(type).is_quantized;
+  const Q8Vector xq = q8_vector_in(scratch, cols);
+  if (quant) check(quantize_q8(x, cols, xq, s), "quantize");
+  std::string name = quant ? "matvec_q8" : "matvec";
+  if (rows_per_warp || warps_per_row)
+    name += " r" + std::to_string(rows_per_warp) + "w" + std::to_string(warps_per_row);
+  const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
   const double us = time_graph(s, 20, quick ? 5 : 15, [&](int i) {
     MatvecArgs c = a;
     c.w = w[size_t(i)];
-    check(matvec(c, scratch, scratch_bytes, s), "matvec");
+    if (quant)
+      check(matvec_q8(c, xq, s), "matvec_q8");
+    else
+      check(matvec(c, scratch, scratch_bytes, s), "matvec");
   });
   const double gbs = double(host.size()) / us / 1e3;
-  report({"matvec" + std::string(rows_per_block ? " rpb" + std::to_string(rows_per_block) : ""),
-          std::to_string(rows) + "x" + std::to_string(cols), std::string(type_name(type)), us, gbs, "GB/s",
-          100.0 * gbs / g_copy_gbs});
+  report({name, shape, std::string(type_name(type)), us, gbs, "GB/s", 100.0 * gbs / g_copy_gbs});
+  if (quant && with_quantize) {
+    const double us2 = time_graph(s, 20, quick ? 5 : 15, [&](int i) {
+      MatvecArgs c = a;
+      c.w = w[size_t(i)];
+      check(matvec(c, scratch, scratch_bytes, s), "matvec");
+    });
+    const double gbs2 = double(host.size()) / us2 / 1e3;
+    report({"  + quantize x", shape, std::string(type_name(type)), us2, gbs2, "GB/s", 100.0 * gbs2 / g_copy_gbs});
+  }
   cudaFree(x);
   cudaFree(y);
   cudaFree(scratch);
@@ -414,15 +435,20 @@ void bench_small_ops(cudaStream_t s) {
     report({"get_rows", "512 of 32000x4096", "q4_K", us, bytes / us / 1e3, "GB/s", 100.0 * bytes / us / 1e3 / g_copy_gbs});
     cudaFree(tab);
   }
+  void* am_scratch = nullptr;
+  const size_t am_bytes = argmax_scratch_bytes(32, V);
+  check(cudaMalloc(&am_scratch, am_bytes), "malloc");
   for (int64_t rows : {int64_t(1), int64_t(32)}) {
-    const double us = time_graph(s, 20, 15, [&](int) { check(argmax_rows(logits, V, rows, V, am, s), "argmax"); });
+    const double us = time_graph(s, 20, 15, [&](int) {
+      check(argmax_rows(logits, V, rows, V, am, am_scratch, am_bytes, s), "argmax");
+    });
     const double bytes = double(rows) * V * 4;
     report({"argmax", std::to_string(rows) + "x" + std::to_string(V), "f32", us, bytes / us / 1e3, "GB/s",
             100.0 * bytes / us / 1e3 / g_copy_gbs});
   }
   for (void* p : {static_cast<void*>(x), static_cast<void*>(h), static_cast<void*>(y), static_cast<void*>(wgt),
                   static_cast<void*>(g), static_cast<void*>(u), static_cast<void*>(logits), static_cast<void*>(pos),
-                  static_cast<void*>(ids), static_cast<void*>(am)})
+                  static_cast<void*>(ids), static_cast<void*>(am), am_scratch})
     cudaFree(p);
 }
 
@@ -454,10 +480,14 @@ int main(int argc, char** argv) {
   const GgmlType more_types[] = {GgmlType::Q5_K, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::Q5_0,
                                  GgmlType::Q4_1, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
   for (GgmlType t : main_types)
-    for (const auto& sh : shapes) bench_matvec(s, t, sh[0], sh[1], 0, quick);
-  for (GgmlType t : more_types) bench_matvec(s, t, 4096, 4096, 0, quick);
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::F16})
-    for (int rpb : {1, 2, 4}) bench_matvec(s, t, 4096, 4096, rpb, quick);
+    for (const auto& sh : shapes) bench_matvec(s, t, sh[0], sh[1], 0, 0, quick, sh[0] == 14336);
+  for (GgmlType t : more_types) bench_matvec(s, t, 14336, 4096, 0, 0, quick);
+  // Tuning knobs: rows per warp x warps per row, on a big and a small (k/v projection) shape.
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_K})
+    for (int64_t rows : {int64_t(4096), int64_t(1024)})
+      for (int rpw : {1, 2})
+        for (int wpr : {1, 2, 4}) bench_matvec(s, t, rows, 4096, rpw, wpr, quick);
+  for (int rpw : {1, 2}) bench_matvec(s, GgmlType::F16, 4096, 4096, rpw, 0, quick);
 
   for (GgmlType t : {GgmlType::BF16, GgmlType::F16, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
     for (const auto& sh : shapes) bench_gemm(s, blas, t, 512, sh[0], sh[1], quick);

@@ -44,6 +44,19 @@ if [ "$what" != bench ]; then
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests? ran|Failure|outside tolerance|differ:|^  \[" "$OUT/test_cuda.log" | head -60
   stamp "tests exit $status"
 fi
+if [ "$what" != bench ] && [ "${SANITIZE:-0}" = 1 ]; then
+  # Out-of-bounds and shared-memory race checks on small cases of each kernel family.
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  small='*PaddedRows*q4_0:*PaddedRows*q6_K:*PaddedRows*mxfp4:*PaddedRows*f16:QuantizeQ8*:*GatherRows*q5_K*'
+  small="$small:*GemmTest*q4_K*:CudaDecodeAttention.GqaF16Cache:CudaDecodeAttention.Sinks*:CudaRope*:CudaArgmax*:CudaGlu*"
+  stamp memcheck
+  timeout 150 "$sanitizer" --tool memcheck "$BUILD/tests/test_cuda" --gtest_filter="$small" > "$OUT/memcheck.log" 2>&1
+  stamp "memcheck exit $?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+  stamp racecheck
+  timeout 120 "$sanitizer" --tool racecheck "$BUILD/tests/test_cuda" \
+    --gtest_filter='*PaddedRows*q4_K:CudaDecodeAttention.Sinks*:CudaArgmax*' > "$OUT/racecheck.log" 2>&1
+  stamp "racecheck exit $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
+fi
 if [ "$what" != test ] && [ -x "$BUILD/bench/bench_cuda_kernels_bench" ]; then
   stamp bench
   timeout 240 "$BUILD/bench/bench_cuda_kernels_bench" > "$OUT/bench.log" 2>&1

@@ -53,9 +53,11 @@ struct Shape {
 class MatvecTest : public ::testing::TestWithParam<GgmlType> {};
 
 // Runs one product and checks it; `row_pad` bytes of padding per row, `add` a fused addend.
-void check_matvec(GgmlType type, Shape shape, int64_t row_pad, bool with_add, int rows_per_block, uint64_t seed) {
+void check_matvec(GgmlType type, Shape shape, int64_t row_pad, bool with_add, int rows_per_warp, int warps_per_row,
+                  uint64_t seed) {
   SCOPED_TRACE(std::string(type_name(type)) + " " + std::to_string(shape.rows) + "x" + std::to_string(shape.cols) +
-               " pad " + std::to_string(row_pad) + (with_add ? " +add" : "") + " rpb " + std::to_string(rows_per_block) +
+               " pad " + std::to_string(row_pad) + (with_add ? " +add" : "") + " rows/warp " + std::to_string(rows_per_warp) +
+               " warps/row " + std::to_string(warps_per_row) +
                " seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   const TypeTraits& t = traits(type);
@@ -84,7 +86,8 @@ void check_matvec(GgmlType type, Shape shape, int64_t row_pad, bool with_add, in
   a.x = x_d.as<float>();
   a.add = with_add ? y_d.as<float>() : nullptr;
   a.y = y_d.as<float>();
-  a.rows_per_block = rows_per_block;
+  a.rows_per_warp = rows_per_warp;
+  a.warps_per_row = warps_per_row;
   KILN_STATUS_OK(matvec(a, scratch.as(), scratch.bytes(), nullptr));
   const std::vector<float> y = to_host<float>(y_d, size_t(shape.rows));
 
@@ -96,9 +99,9 @@ void check_matvec(GgmlType type, Shape shape, int64_t row_pad, bool with_add, in
   for (int64_t r = 0; r < shape.rows; ++r) {
     dequantize_row_reference(type, w.data() + r * stride, deq.data(), shape.cols);
     double same = 0, same_mag = 0, exact = 0, exact_mag = 0, act_bound = 0;
-    for (int64_t b = 0; b < shape.cols / 32; ++b) {
+    for (int64_t b = 0; b < (shape.cols + 31) / 32; ++b) {
       double amax = 0, wsum = 0;
-      for (int64_t i = 32 * b; i < 32 * b + 32; ++i) {
+      for (int64_t i = 32 * b; i < std::min(32 * b + 32, shape.cols); ++i) {
         exact += double(deq[i]) * x[i];
         exact_mag += std::fabs(double(deq[i]) * x[i]);
         amax = std::max(amax, double(std::fabs(x[i])));
@@ -135,7 +138,7 @@ TEST_P(MatvecTest, AwkwardShapes) {
   if (bs == 1) widths.push_back(44);    // not a multiple of 8: the scalar float path
   uint64_t seed = 1000 + uint64_t(type) * 100;
   for (int64_t rows : {1, 7, 33, 4097})
-    for (int64_t cols : widths) check_matvec(type, {rows, cols}, 0, false, 0, seed++);
+    for (int64_t cols : widths) check_matvec(type, {rows, cols}, 0, false, 0, 0, seed++);
 }
 
 TEST_P(MatvecTest, PaddedRowsFusedAddAndBlockShapes) {
@@ -143,9 +146,11 @@ TEST_P(MatvecTest, PaddedRowsFusedAddAndBlockShapes) {
   const GgmlType type = GetParam();
   const int64_t pad = is_float_type(type) ? traits(type).type_size : 2;  // rows off 16-byte alignment
   uint64_t seed = 5000 + uint64_t(type) * 100;
-  check_matvec(type, {65, 2816}, pad, false, 0, seed++);
-  check_matvec(type, {65, 2816}, 0, true, 0, seed++);
-  for (int rpb : {1, 2, 4}) check_matvec(type, {37, 2816}, 0, rpb == 2, rpb, seed++);
+  check_matvec(type, {65, 2816}, pad, false, 0, 0, seed++);
+  check_matvec(type, {65, 2816}, 0, true, 0, 0, seed++);
+  for (int rows_per_warp : {1, 2})
+    for (int warps_per_row : {1, 2, 4})
+      check_matvec(type, {37, 2816}, 0, warps_per_row == 2, rows_per_warp, warps_per_row, seed++);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatvecTest,

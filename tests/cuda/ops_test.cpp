@@ -145,9 +145,10 @@ TEST(CudaRope, NormalNeoxPartialFactorsYarn) {
 TEST(CudaGlu, SiluGeluSwigluOai) {
   KILN_REQUIRE_GPU();
   std::mt19937_64 rng(13);
-  for (GluKind kind : {GluKind::Silu, GluKind::GeluTanh, GluKind::SwigluOai}) {
-    SCOPED_TRACE("kind " + std::to_string(int(kind)));
-    const int64_t rows = 3, n = 14337, gs = n + 1, us = n + 2, os = n + 3;
+  for (GluKind kind : {GluKind::Silu, GluKind::GeluTanh, GluKind::SwigluOai})
+  for (int64_t n : {14337, 14336}) {  // odd: one element at a time; multiple of 4: 16-byte accesses
+    SCOPED_TRACE("kind " + std::to_string(int(kind)) + " n " + std::to_string(n));
+    const int64_t rows = 3, gs = n + 4, us = n + 8, os = n + 12;
     const std::vector<float> g = random_floats(rng, size_t(rows * gs), -9.0f, 9.0f);
     const std::vector<float> u = random_floats(rng, size_t(rows * us), -9.0f, 9.0f);
     const DeviceBuffer g_d = to_device(g), u_d = to_device(u);
@@ -197,9 +198,10 @@ TEST(CudaArgmax, FirstIndexOfTheMaximumPerRow) {
   x[3 * stride + 0] = 80.0f;                              // row 3: the first element
   x[4 * stride + 3] = std::numeric_limits<float>::quiet_NaN(), x[4 * stride + 400] = 90.0f;  // NaN skipped
   const DeviceBuffer x_d = to_device(x);
-  DeviceBuffer out(size_t(rows) * 4);
+  DeviceBuffer out(size_t(rows) * 4), scratch(argmax_scratch_bytes(rows, n));
   out.poison();
-  KILN_STATUS_OK(argmax_rows(x_d.as<float>(), stride, rows, n, out.as<int32_t>(), nullptr));
+  scratch.poison();
+  KILN_STATUS_OK(argmax_rows(x_d.as<float>(), stride, rows, n, out.as<int32_t>(), scratch.as(), scratch.bytes(), nullptr));
   const std::vector<int32_t> got = to_host<int32_t>(out, size_t(rows));
   for (int64_t r = 0; r < rows; ++r) {
     int64_t best = -1;
@@ -210,6 +212,21 @@ TEST(CudaArgmax, FirstIndexOfTheMaximumPerRow) {
     EXPECT_EQ(got[r], best) << "row " << r;
   }
   EXPECT_EQ(got[2], 9);
+
+  // Short rows (one piece, fewer elements than threads).
+  for (int64_t small_n : {1, 5, 300}) {
+    std::vector<float> xs = random_floats(rng, size_t(3 * small_n), -1.0f, 1.0f);
+    const DeviceBuffer xs_d = to_device(xs);
+    DeviceBuffer out2(12), scratch2(argmax_scratch_bytes(3, small_n));
+    out2.poison();
+    KILN_STATUS_OK(argmax_rows(xs_d.as<float>(), small_n, 3, small_n, out2.as<int32_t>(), scratch2.as(),
+                               scratch2.bytes(), nullptr));
+    const std::vector<int32_t> g2 = to_host<int32_t>(out2, 3);
+    for (int64_t r = 0; r < 3; ++r) {
+      const auto first = xs.begin() + r * small_n;
+      EXPECT_EQ(g2[r], std::max_element(first, first + small_n) - first) << "n " << small_n << " row " << r;
+    }
+  }
 }
 
 }  // namespace

@@ -3,14 +3,12 @@
 // attention_d64.cu, attention_d128.cu and attention_d256.cu so that they compile in parallel.
 //
 // Grid: (sequence, group of kHeads query heads that share one kv head, key range). A block
-// of 128 threads loads its queries into shared memory, then
-//   1. scores: kLanesPerKey = D/8 threads share a key, each reading 8 elements of it with
-//      16-byte loads, and reduce the partial dot products with warp shuffles;
-//   2. softmax statistics per head over the range (max, sum of exponentials);
-//   3. weighted sum of the values, each thread owning 8 dims for a subset of the keys;
-//      the subsets meet through shuffles and shared memory.
-// One range: the block writes the normalized output. Several: it writes (max, sum,
-// unnormalized output) and combine_kernel merges the ranges.
+// of 128 threads loads its queries into shared memory; then kLanesPerKey = D/8 threads
+// share a key, each reading 8 elements of its K and V rows with 16-byte loads (several keys
+// in flight), reduce the partial q.k with warp shuffles, and fold the key into a running
+// softmax (online: max, sum, unnormalized output). The groups' states merge through
+// shuffles and shared memory. One range: the block writes the normalized output. Several:
+// it writes (max, sum, unnormalized output) and combine_kernel merges the ranges.
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
 
@@ -18,8 +16,7 @@ namespace kiln::cuda::detail {
 
 
 inline constexpr int kAttnThreads = 128;
-inline constexpr int kMaxSplitKeys = 512;  // keys one block handles at most (scores live in shared memory)
-inline constexpr int kKeyUnroll = 4;       // keys each thread has in flight
+inline constexpr int kMaxSplitKeys = 512;  // keys one block handles at most
 inline constexpr int kTargetBlocks = 4 * 132;
 
 struct SplitPlan {
@@ -50,16 +47,28 @@ __device__ __forceinline__ int64_t slot_of(const DecodeAttentionArgs& a, const i
   return int64_t(table[pos / a.block_size]) * a.block_size + pos % a.block_size;
 }
 
+// Merges (m2, l2, acc2) into (m, l, acc): both rescaled to the larger maximum. A state with
+// m = -inf (no keys yet) contributes nothing.
+__device__ __forceinline__ void merge_state(float& m, float& l, float (&acc)[8], float m2, float l2, const float* acc2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;
+  const float c1 = expf(m - mx), c2 = expf(m2 - mx);
+  l = l * c1 + l2 * c2;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = acc[e] * c1 + acc2[e] * c2;
+  m = mx;
+}
+
 template <int D, typename KV, int kHeads, bool kSoftcap>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, float* __restrict__ partial) {
   constexpr int kLanesPerKey = D / 8;
   constexpr int kKeyGroups = kAttnThreads / kLanesPerKey;
   constexpr int kWarps = kAttnThreads / kWarpSize;
+  constexpr int kUnroll = kHeads >= 8 ? 2 : 4;  // keys per group and step (registers allowing)
   __shared__ __align__(16) float q_s[kHeads][D];
-  __shared__ float p_s[kHeads][kMaxSplitKeys];
   __shared__ float red_s[kWarps][kHeads][D];
-  __shared__ float stat_s[kHeads][2];
+  __shared__ float stat_s[kWarps][kHeads][2];
 
   const int seq = blockIdx.x, head0 = blockIdx.y * kHeads, split = blockIdx.z;
   const int kv_head = head0 / (a.n_head / a.n_head_kv);
@@ -77,115 +86,115 @@ __global__ void __launch_bounds__(kAttnThreads)
     q_s[i / D][i % D] = a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D];
   __syncthreads();
 
-  // 1. Scores. Loop bounds are uniform over the block so that every lane takes part in
-  // the shuffles; keys past the range compute on zeros and are not stored.
-  for (int base = 0; base < n_keys; base += kKeyUnroll * kKeyGroups) {
-    float kv[kKeyUnroll][8];
+  // Each key group keeps a running softmax state per head over its keys: max m, sum l and
+  // the unnormalized output (8 dims per lane). Loop bounds are uniform over the block so
+  // that every lane takes part in the shuffles; keys past the range count as -inf.
+  float m[kHeads], l[kHeads], acc[kHeads][8];
 #pragma unroll
-    for (int u = 0; u < kKeyUnroll; ++u) {
-      const int j = base + u * kKeyGroups + group;
-      if (j < n_keys) {
-        load8(k_base + slot_of(a, table, k0 + j) * a.k_slot_stride, kv[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) kv[u][e] = 0.0f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kKeyUnroll; ++u) {
-      const int j = base + u * kKeyGroups + group;
-#pragma unroll
-      for (int h = 0; h < kHeads; ++h) {
-        const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][8 * c]);
-        const float4 qb = *reinterpret_cast<const float4*>(&q_s[h][8 * c + 4]);
-        float s = qa.x * kv[u][0] + qa.y * kv[u][1] + qa.z * kv[u][2] + qa.w * kv[u][3] + qb.x * kv[u][4] +
-                  qb.y * kv[u][5] + qb.z * kv[u][6] + qb.w * kv[u][7];
-#pragma unroll
-        for (int offset = kLanesPerKey / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(kFullMask, s, offset);
-        if (c == 0 && j < n_keys) {
-          s *= a.scale;
-          if constexpr (kSoftcap) s = a.softcap * tanhf(s / a.softcap);
-          p_s[h][j] = s;
-        }
-      }
-    }
-  }
-  __syncthreads();
-
-  // 2. Softmax statistics; p_s becomes exp(score - max).
-  for (int h = warp; h < kHeads; h += kWarps) {
-    float m = -INFINITY;
-    for (int j = lane; j < n_keys; j += kWarpSize) m = fmaxf(m, p_s[h][j]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int j = lane; j < n_keys; j += kWarpSize) {
-      const float e = expf(p_s[h][j] - m);
-      p_s[h][j] = e;
-      l += e;
-    }
-    l = warp_sum(l);
-    if (lane == 0) stat_s[h][0] = m, stat_s[h][1] = l;
-  }
-  __syncthreads();
-
-  // 3. Weighted values.
-  float acc[kHeads][8];
-#pragma unroll
-  for (int h = 0; h < kHeads; ++h)
+  for (int h = 0; h < kHeads; ++h) {
+    m[h] = -INFINITY, l[h] = 0.0f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
-  for (int base = 0; base < n_keys; base += kKeyUnroll * kKeyGroups) {
-    float vv[kKeyUnroll][8];
+  }
+  for (int base = 0; base < n_keys; base += kUnroll * kKeyGroups) {
+    float kv[kUnroll][8], vv[kUnroll][8];
+    bool valid[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kKeyUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kKeyGroups + group;
-      if (j < n_keys) load8(v_base + slot_of(a, table, k0 + j) * a.v_slot_stride, vv[u]);
-    }
+      valid[u] = j < n_keys;
+      if (valid[u]) {
+        const int64_t slot = slot_of(a, table, k0 + j);
+        load8(k_base + slot * a.k_slot_stride, kv[u]);
+        load8(v_base + slot * a.v_slot_stride, vv[u]);
+      } else {
 #pragma unroll
-    for (int u = 0; u < kKeyUnroll; ++u) {
-      const int j = base + u * kKeyGroups + group;
-      if (j < n_keys) {
-#pragma unroll
-        for (int h = 0; h < kHeads; ++h) {
-          const float p = p_s[h][j];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vv[u][e], acc[h][e]);
-        }
+        for (int e = 0; e < 8; ++e) kv[u][e] = 0.0f, vv[u][e] = 0.0f;
       }
     }
-  }
-  // Key groups of one warp meet by shuffles, warps through shared memory.
 #pragma unroll
-  for (int h = 0; h < kHeads; ++h)
+    for (int h = 0; h < kHeads; ++h) {
+      const float4 qa = *reinterpret_cast<const float4*>(&q_s[h][8 * c]);
+      const float4 qb = *reinterpret_cast<const float4*>(&q_s[h][8 * c + 4]);
+      float s[kUnroll];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      float v = acc[h][e];
+      for (int u = 0; u < kUnroll; ++u) {
+        float d = qa.x * kv[u][0] + qa.y * kv[u][1] + qa.z * kv[u][2] + qa.w * kv[u][3] + qb.x * kv[u][4] +
+                  qb.y * kv[u][5] + qb.z * kv[u][6] + qb.w * kv[u][7];
 #pragma unroll
-      for (int offset = kLanesPerKey; offset < kWarpSize; offset <<= 1) v += __shfl_xor_sync(kFullMask, v, offset);
-      if (lane < kLanesPerKey) red_s[warp][h][8 * c + e] = v;
+        for (int offset = kLanesPerKey / 2; offset > 0; offset >>= 1) d += __shfl_xor_sync(kFullMask, d, offset);
+        d *= a.scale;
+        if constexpr (kSoftcap) d = a.softcap * tanhf(d / a.softcap);
+        s[u] = valid[u] ? d : -INFINITY;
+      }
+      float mx = m[h];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) mx = fmaxf(mx, s[u]);
+      // No branch (groups of one warp must stay converged): a group without keys so far
+      // has mx = -inf; exponents are then taken against 0 and all give 0.
+      const float ref = mx == -INFINITY ? 0.0f : mx;
+      const float rescale = expf(m[h] - ref);
+      l[h] *= rescale;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[h][e] *= rescale;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float p = expf(s[u] - ref);  // 0 for keys past the range
+        l[h] += p;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(p, vv[u][e], acc[h][e]);
+      }
+      m[h] = mx;
     }
+  }
+
+  // Key groups of one warp merge through shuffles, warps through shared memory.
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+#pragma unroll
+    for (int offset = kLanesPerKey; offset < kWarpSize; offset <<= 1) {
+      const float m2 = __shfl_xor_sync(kFullMask, m[h], offset), l2 = __shfl_xor_sync(kFullMask, l[h], offset);
+      float acc2[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc2[e] = __shfl_xor_sync(kFullMask, acc[h][e], offset);
+      merge_state(m[h], l[h], acc[h], m2, l2, acc2);
+    }
+    if (lane < kLanesPerKey) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red_s[warp][h][8 * c + e] = acc[h][e];
+      if (lane == 0) stat_s[warp][h][0] = m[h], stat_s[warp][h][1] = l[h];
+    }
+  }
   __syncthreads();
 
   for (int i = tid; i < kHeads * D; i += kAttnThreads) {
     const int h = i / D, d = i % D, head = head0 + h;
-    float sum = 0.0f;
+    float mt = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += red_s[w][h][d];
-    const float m = stat_s[h][0], l = stat_s[h][1];
+    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, stat_s[w][h][0]);
+    float lt = 0.0f, sum = 0.0f;
+    if (mt != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = expf(stat_s[w][h][0] - mt);  // 0 for a warp without keys
+        lt += stat_s[w][h][1] * f;
+        sum += red_s[w][h][d] * f;
+      }
+    }
     if (n_splits == 1) {
       // The sink joins the normalization: rescale to the larger of the two maxima.
-      float scale_acc = 1.0f, denom = l;
+      float scale_acc = 1.0f, denom = lt;
       if (a.sinks) {
         const float sink = a.sinks[head];
-        const float m2 = fmaxf(m, sink);
-        scale_acc = expf(m - m2);
-        denom = l * scale_acc + expf(sink - m2);
+        const float m2 = fmaxf(mt, sink);
+        scale_acc = expf(mt - m2);
+        denom = lt * scale_acc + expf(sink - m2);
       }
       a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = sum * scale_acc / denom;
     } else {
       float* rec = partial + ((int64_t(seq) * a.n_head + head) * n_splits + split) * (D + 2);
       rec[2 + d] = sum;
-      if (d == 0) rec[0] = m, rec[1] = l;
+      if (d == 0) rec[0] = mt, rec[1] = lt;
     }
   }
 }

@@ -62,7 +62,9 @@ Status gemm(const GemmArgs& a, cublasHandle_t blas, void* scratch, size_t scratc
     return product(a, blas, CUDA_R_32F, a.w, a.w_row_bytes / 4, a.n, a.x, a.x_stride, a.y);
 
   const size_t x_bytes = x_copy_bytes(a);
-  const size_t min_scratch = x_bytes + (is_quantized(a.type) ? align_up(size_t(a.k) * 2 * 64) : 0);
+  // Quantized weights need room for at least one slab of 64 rows (or all rows, if fewer).
+  const size_t min_slab = size_t(a.n < 64 ? a.n : 64);
+  const size_t min_scratch = x_bytes + (is_quantized(a.type) ? align_up(size_t(a.k) * 2 * min_slab) : 0);
   if (!scratch || scratch_bytes < min_scratch || reinterpret_cast<uintptr_t>(scratch) % kAlign != 0)
     return Status::invalid("gemm: needs at least " + std::to_string(min_scratch) +
                            " bytes of 256-byte aligned scratch (gemm_scratch_bytes), got " +

@@ -1,12 +1,13 @@
 // Decode matvec kernels (see matvec.h for the contract).
 //
-// Quantized weights: a block of 4 warps owns kRows rows and splits their columns into
-// chunks of 32 slices (a slice = 32 elements; one lane each). Per chunk a warp copies the
-// chunk's bytes of each of its rows into shared memory with aligned 16-byte asynchronous
-// copies -- GGUF blocks are 17..210 bytes and only byte- or 2-byte aligned, so reading them
-// straight from global memory would take many narrow loads -- then each lane decodes its
-// slice from shared memory and takes its dot product with the int8 activations, which it
-// loaded once for all kRows rows. Partial sums meet in a warp reduction, then across warps.
+// Quantized weights: a warp (or a group of 2 or 4 warps, for matrices with few rows) owns
+// 1 or 2 rows and walks their columns in chunks of 32 slices (a slice = 32 elements; one
+// lane each). It copies each chunk's bytes of its rows into shared memory with aligned
+// 16-byte asynchronous copies, 3 chunks ahead -- GGUF blocks are 17..210 bytes and only byte-
+// or 2-byte aligned, so reading them straight from global memory would take many narrow
+// loads -- then each lane decodes its slice from shared memory and takes its dot product
+// with the int8 activations, loaded once for all the warp's rows. Partial sums meet in a
+// warp reduction (and across the group's warps through shared memory).
 //
 // Float weights: the same block shape; each lane reads 8 consecutive weights per row with
 // 16-byte loads and multiplies them with x in f32.
@@ -61,44 +62,61 @@ __device__ __forceinline__ void finish_rows(float (&acc)[kRows], int64_t row0, i
   }
 }
 
-template <typename Fmt, int kRows>
+// Warps of a block form row groups of `split` warps; a group owns kRows rows and its warps
+// take the row chunks in turn (chunk = 32 slices of 32 elements, one slice per lane). Each
+// warp keeps kStages chunks in flight: while it computes chunk k, chunks k+1 .. k+kStages-1
+// are being copied into its shared-memory stages.
+template <typename Fmt, int kRows, int kStages>
 __global__ void __launch_bounds__(kMatvecThreads)
     matvec_q8_kernel(const uint8_t* __restrict__ w, int64_t w_row_bytes, int64_t rows, int64_t n_slices,
-                     const int8_t* __restrict__ xqs, const float2* __restrict__ xds, const float* add, float* y) {
+                     const int8_t* __restrict__ xqs, const float2* __restrict__ xds, const float* add, float* y,
+                     int split) {
   constexpr int kSlicesPerBlock = Fmt::kElems / 32;
   constexpr int kBlocksPerChunk = kWarpSize / kSlicesPerBlock;
   constexpr int kChunkBytes = kBlocksPerChunk * Fmt::kBytes;
   // Up to 15 bytes of misalignment ahead of the chunk, the last 16-byte piece's tail, and
   // the word load_words() reads past its data.
   constexpr int kStageBytes = (kChunkBytes + 46) / 16 * 16;
-  __shared__ __align__(16) uint8_t stage[kMatvecWarps][kRows][kStageBytes];
+  __shared__ __align__(16) uint8_t stage[kMatvecWarps][kStages][kRows][kStageBytes];
+  __shared__ float partial[kMatvecWarps][kRows];
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int64_t row0 = int64_t(blockIdx.x) * kRows;
+  const int group = warp / split, member = warp % split;
+  const int64_t row0 = (int64_t(blockIdx.x) * (kMatvecWarps / split) + group) * kRows;
   const int64_t n_blocks = n_slices / kSlicesPerBlock;
   const int64_t n_chunks = (n_slices + kWarpSize - 1) / kWarpSize;
+  // This warp's chunks: member, member + split, ... (none when its rows are past the end).
+  const int64_t my_chunks = row0 < rows && member < n_chunks ? (n_chunks - member + split - 1) / split : 0;
+  const uint8_t* row_start[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) row_start[r] = w + min64(row0 + r, rows - 1) * w_row_bytes;  // past the end: re-read, not written
+
+  // Copies this warp's k-th chunk into stage k % kStages; always commits a group (maybe
+  // empty) so that group k is the k-th chunk.
+  auto issue = [&](int64_t k) {
+    if (k < my_chunks) {
+      const int64_t first_block = (member + k * split) * kBlocksPerChunk;
+      const int chunk_bytes = int(min64(kBlocksPerChunk, n_blocks - first_block)) * Fmt::kBytes;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(row_start[r] + first_block * Fmt::kBytes);
+        const uint8_t* aligned = reinterpret_cast<const uint8_t*>(addr & ~uintptr_t(15));
+        const int n_pieces = (int(addr & 15) + chunk_bytes + 15) / 16;
+        uint8_t* dst = stage[warp][k % kStages][r];
+        for (int p = lane; p < n_pieces; p += kWarpSize) cp_async_16(dst + 16 * p, aligned + 16 * p);
+      }
+    }
+    cp_async_commit();
+  };
+
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-
-  for (int64_t chunk = warp; chunk < n_chunks; chunk += kMatvecWarps) {
-    const int64_t first_block = chunk * kBlocksPerChunk;
-    const int chunk_bytes = int(min64(kBlocksPerChunk, n_blocks - first_block)) * Fmt::kBytes;
-    int head[kRows];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      // Rows past the end re-read the last row; their sums are never written.
-      const int64_t row = min64(row0 + r, rows - 1);
-      const uint8_t* src = w + row * w_row_bytes + first_block * Fmt::kBytes;
-      const uintptr_t addr = reinterpret_cast<uintptr_t>(src);
-      const uint8_t* aligned = reinterpret_cast<const uint8_t*>(addr & ~uintptr_t(15));
-      head[r] = int(addr & 15);
-      const int n_pieces = (head[r] + chunk_bytes + 15) / 16;
-      for (int p = lane; p < n_pieces; p += kWarpSize) cp_async_16(&stage[warp][r][16 * p], aligned + 16 * p);
-    }
-    cp_async_commit();
-
-    // The activations of this lane's slice, loaded while the weights are in flight.
+  for (int k = 0; k < kStages - 1; ++k) issue(k);
+  for (int64_t k = 0; k < my_chunks; ++k) {
+    issue(k + kStages - 1);
+    const int64_t chunk = member + k * split;
     const int64_t slice = chunk * kWarpSize + lane;
     const bool active = slice < n_slices;
     int x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -109,17 +127,46 @@ __global__ void __launch_bounds__(kMatvecThreads)
       x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
       ds = __ldg(xds + slice);
     }
-    cp_async_wait<0>();
-    __syncwarp();
+    cp_async_wait<kStages - 1>();  // chunk k has landed (for this lane's copies)
+    __syncwarp();                  // ... and for every lane's
     if (active) {
+      const int64_t first_block = chunk * kBlocksPerChunk;
       const int block_in_chunk = lane / kSlicesPerBlock, sub = lane % kSlicesPerBlock;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        acc[r] += Fmt::dot_q8(stage[warp][r], head[r] + block_in_chunk * Fmt::kBytes, sub, x, ds);
+      for (int r = 0; r < kRows; ++r) {
+        const int head = int(reinterpret_cast<uintptr_t>(row_start[r] + first_block * Fmt::kBytes) & 15);
+        acc[r] += Fmt::dot_q8(stage[warp][k % kStages][r], head + block_in_chunk * Fmt::kBytes, sub, x, ds);
+      }
     }
-    __syncwarp();  // the next chunk overwrites the stage
+    __syncwarp();  // the stage is refilled next iteration
   }
-  finish_rows<kRows>(acc, row0, rows, add, y);
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+  if (split == 1) {
+    if (lane < kRows && row0 + lane < rows) {
+      float sum = acc[0];
+#pragma unroll
+      for (int r = 1; r < kRows; ++r)
+        if (lane == r) sum = acc[r];
+      const int64_t row = row0 + lane;
+      if (add) sum += add[row];
+      y[row] = sum;
+    }
+    return;
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) partial[warp][r] = acc[r];
+  __syncthreads();
+  if (member == 0 && lane < kRows && row0 + lane < rows) {
+    float sum = 0.0f;
+    for (int m = 0; m < split; ++m) sum += partial[warp + m][lane];
+    const int64_t row = row0 + lane;
+    if (add) sum += add[row];
+    y[row] = sum;
+  }
 }
 
 // ---- float weights -------------------------------------------------------------------------
@@ -205,14 +252,17 @@ __global__ void __launch_bounds__(kMatvecThreads)
   finish_rows<kRows>(acc, row0, rows, add, y);
 }
 
+constexpr int kMatvecStages = 3;
+
 template <int kRows>
-Status launch_quant(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
+Status launch_quant(const MatvecArgs& a, const Q8Vector& xq, int split, cudaStream_t stream) {
   Status status;
   visit_quant_format(a.type, [&](auto fmt) {
     using Fmt = decltype(fmt);
-    const unsigned grid = unsigned((a.rows + kRows - 1) / kRows);
-    matvec_q8_kernel<Fmt, kRows><<<grid, kMatvecThreads, 0, stream>>>(
-        static_cast<const uint8_t*>(a.w), a.w_row_bytes, a.rows, a.cols / 32, xq.qs, xq.ds, a.add, a.y);
+    const int64_t rows_per_block = int64_t(kMatvecWarps / split) * kRows;
+    const unsigned grid = unsigned((a.rows + rows_per_block - 1) / rows_per_block);
+    matvec_q8_kernel<Fmt, kRows, kMatvecStages><<<grid, kMatvecThreads, 0, stream>>>(
+        static_cast<const uint8_t*>(a.w), a.w_row_bytes, a.rows, a.cols / 32, xq.qs, xq.ds, a.add, a.y, split);
     status = launch_status("matvec_q8_kernel");
   });
   return status;
@@ -235,19 +285,27 @@ Status launch_float(const MatvecArgs& a, cudaStream_t stream) {
 
 template <typename Weights>
 Status dispatch_float_rows(const MatvecArgs& a, int rows_per_block, cudaStream_t stream) {
-  switch (rows_per_block) {
-    case 1: return launch_float<Weights, 1>(a, stream);
-    case 2: return launch_float<Weights, 2>(a, stream);
-    default: return launch_float<Weights, 4>(a, stream);
-  }
+  if (rows_per_block == 1) return launch_float<Weights, 1>(a, stream);
+  return launch_float<Weights, 2>(a, stream);
 }
 
 bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
-// Rows per block: more rows share each activation load, fewer rows give more blocks.
-int pick_rows_per_block(const MatvecArgs& a) {
-  if (a.rows_per_block == 1 || a.rows_per_block == 2 || a.rows_per_block == 4) return a.rows_per_block;
-  return a.rows >= 2048 ? 2 : 1;
+// Rows per warp: 2 share each activation load; 1 gives more warps for smaller matrices.
+int pick_rows_per_warp(const MatvecArgs& a) {
+  if (a.rows_per_warp == 1 || a.rows_per_warp == 2) return a.rows_per_warp;
+  return a.rows >= 4096 ? 2 : 1;
+}
+
+// Warps per row group: the fewest (1, 2, 4) that give about 16 warps per SM (132 SMs), and
+// no more than there are chunks of 1024 elements per row.
+int pick_split(const MatvecArgs& a, int rows_per_warp) {
+  if (a.warps_per_row == 1 || a.warps_per_row == 2 || a.warps_per_row == 4) return a.warps_per_row;
+  const int64_t groups = (a.rows + rows_per_warp - 1) / rows_per_warp;
+  const int64_t chunks = (a.cols + 1023) / 1024;
+  int split = 1;
+  while (split < 4 && groups * split < 2048 && chunks >= 2 * split) split *= 2;
+  return split;
 }
 
 Status check_args(const MatvecArgs& a) {
@@ -308,20 +366,19 @@ Status matvec_q8(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
   if (xq.n != a.cols || !xq.qs || !xq.ds)
     return Status::invalid("matvec_q8: the quantized x holds " + std::to_string(xq.n) + " values for " +
                            std::to_string(a.cols) + " columns");
-  switch (detail::pick_rows_per_block(a)) {
-    case 1: return detail::launch_quant<1>(a, xq, stream);
-    case 2: return detail::launch_quant<2>(a, xq, stream);
-    default: return detail::launch_quant<4>(a, xq, stream);
-  }
+  const int rows_per_warp = detail::pick_rows_per_warp(a);
+  const int split = detail::pick_split(a, rows_per_warp);
+  if (rows_per_warp == 1) return detail::launch_quant<1>(a, xq, split, stream);
+  return detail::launch_quant<2>(a, xq, split, stream);
 }
 
 Status matvec(const MatvecArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   if (Status s = detail::check_args(a); !s.ok()) return s;
   switch (a.type) {
-    case GgmlType::F32: return detail::dispatch_float_rows<detail::F32Weights>(a, detail::pick_rows_per_block(a), stream);
-    case GgmlType::F16: return detail::dispatch_float_rows<detail::F16Weights>(a, detail::pick_rows_per_block(a), stream);
+    case GgmlType::F32: return detail::dispatch_float_rows<detail::F32Weights>(a, detail::pick_rows_per_warp(a), stream);
+    case GgmlType::F16: return detail::dispatch_float_rows<detail::F16Weights>(a, detail::pick_rows_per_warp(a), stream);
     case GgmlType::BF16:
-      return detail::dispatch_float_rows<detail::BF16Weights>(a, detail::pick_rows_per_block(a), stream);
+      return detail::dispatch_float_rows<detail::BF16Weights>(a, detail::pick_rows_per_warp(a), stream);
     default: break;
   }
   const size_t need = matvec_scratch_bytes(a.type, a.cols);

@@ -38,7 +38,10 @@ struct MatvecArgs {
   const float* x = nullptr;    // [cols]
   const float* add = nullptr;  // [rows] or null: y = W x + add. May alias y (in-place residual).
   float* y = nullptr;          // [rows]
-  int rows_per_block = 0;      // tuning knob for benchmarks: 1, 2 or 4; 0 picks
+  // Tuning knobs for benchmarks (0 picks): rows each warp owns (1, 2); warps sharing one
+  // row group's columns (1, 2, 4; quantized weights only).
+  int rows_per_warp = 0;
+  int warps_per_row = 0;
 };
 
 // Whether matvec() takes weights of this type.

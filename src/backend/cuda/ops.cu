@@ -12,15 +12,16 @@ namespace detail {
 
 constexpr int kRowThreads = 256;
 
-// Sum over the block (kRowThreads threads); every thread gets the result.
+// Sum over the block (kThreads threads); every thread gets the result.
+template <int kThreads>
 __device__ float block_sum(float v) {
-  __shared__ float partial[kRowThreads / kWarpSize];
+  __shared__ float partial[kThreads / kWarpSize];
   __shared__ float total;
   v = warp_sum(v);
   if (threadIdx.x % kWarpSize == 0) partial[threadIdx.x / kWarpSize] = v;
   __syncthreads();
   if (threadIdx.x < kWarpSize) {
-    float s = threadIdx.x < kRowThreads / kWarpSize ? partial[threadIdx.x] : 0.0f;
+    float s = threadIdx.x < kThreads / kWarpSize ? partial[threadIdx.x] : 0.0f;
     s = warp_sum(s);
     if (threadIdx.x == 0) total = s;
   }
@@ -28,12 +29,15 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-__global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(RmsNormArgs a) {
+// One block per row. Few rows (decode) take 1024 threads so that a row costs one round of
+// loads per thread rather than a chain of them.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
   const int64_t r = blockIdx.x;
-  const float* x = a.x + r * a.x_stride;
-  float* h = a.residual ? a.residual + r * a.residual_stride : nullptr;
+  const float* __restrict__ x = a.x + r * a.x_stride;
+  float* __restrict__ h = a.residual ? a.residual + r * a.residual_stride : nullptr;
   float sum_sq = 0.0f;
-  for (int64_t i = threadIdx.x; i < a.dim; i += kRowThreads) {
+  for (int64_t i = threadIdx.x; i < a.dim; i += kThreads) {
     float v = x[i];
     if (h) {
       v = h[i] + v;
@@ -41,10 +45,10 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_kernel(RmsNormArgs a) {
     }
     sum_sq = fmaf(v, v, sum_sq);
   }
-  const float inv = rsqrtf(block_sum(sum_sq) / float(a.dim) + a.eps);
+  const float inv = rsqrtf(block_sum<kThreads>(sum_sq) / float(a.dim) + a.eps);
   const float* src = h ? h : x;
   float* y = a.y + r * a.y_stride;
-  for (int64_t i = threadIdx.x; i < a.dim; i += kRowThreads) {
+  for (int64_t i = threadIdx.x; i < a.dim; i += kThreads) {
     const float v = __fmul_rn(src[i], inv);
     y[i] = a.weight ? __fmul_rn(v, a.weight[i]) : v;
   }
@@ -94,26 +98,54 @@ __global__ void __launch_bounds__(128) rope_kernel(RopeArgs a, RopeConstants c) 
 }
 
 template <GluKind kKind>
-__global__ void glu_kernel(GluArgs a) {
+__device__ __forceinline__ float glu_value(float gv, float uv, float alpha, float limit) {
+  if constexpr (kKind == GluKind::Silu) {
+    return gv / (1.0f + expf(-gv)) * uv;
+  } else if constexpr (kKind == GluKind::GeluTanh) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    return 0.5f * gv * (1.0f + tanhf(kSqrt2OverPi * (gv + 0.044715f * gv * gv * gv))) * uv;
+  } else {
+    const float gc = fminf(gv, limit);
+    const float uc = fminf(fmaxf(uv, -limit), limit);
+    return gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
+  }
+}
+
+// Grid (x blocks per row, rows); each thread takes 4 consecutive elements per step (16-byte
+// accesses when kVector) and a few steps, so that blocks are not too short-lived.
+template <GluKind kKind, bool kVector>
+__global__ void __launch_bounds__(256) glu_kernel(GluArgs a) {
   const int64_t r = blockIdx.y;
   const float* g = a.gate + r * a.gate_stride;
   const float* u = a.up + r * a.up_stride;
   float* o = a.out + r * a.out_stride;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < a.n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float gv = g[i], uv = u[i];
-    float y;
-    if constexpr (kKind == GluKind::Silu) {
-      y = gv / (1.0f + expf(-gv)) * uv;
-    } else if constexpr (kKind == GluKind::GeluTanh) {
-      constexpr float kSqrt2OverPi = 0.7978845608028654f;
-      y = 0.5f * gv * (1.0f + tanhf(kSqrt2OverPi * (gv + 0.044715f * gv * gv * gv))) * uv;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x * 4;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; i < a.n; i += stride) {
+    if constexpr (kVector) {
+      const float4 gv = *reinterpret_cast<const float4*>(g + i), uv = *reinterpret_cast<const float4*>(u + i);
+      float4 y;
+      y.x = glu_value<kKind>(gv.x, uv.x, a.alpha, a.limit);
+      y.y = glu_value<kKind>(gv.y, uv.y, a.alpha, a.limit);
+      y.z = glu_value<kKind>(gv.z, uv.z, a.alpha, a.limit);
+      y.w = glu_value<kKind>(gv.w, uv.w, a.alpha, a.limit);
+      *reinterpret_cast<float4*>(o + i) = y;
     } else {
-      const float gc = fminf(gv, a.limit);
-      const float uc = fminf(fmaxf(uv, -a.limit), a.limit);
-      y = gc / (1.0f + expf(-a.alpha * gc)) * (uc + 1.0f);
+      for (int64_t k = i; k < i + 4 && k < a.n; ++k) o[k] = glu_value<kKind>(g[k], u[k], a.alpha, a.limit);
     }
-    o[i] = y;
   }
+}
+
+template <GluKind kKind>
+void launch_glu(const GluArgs& a, cudaStream_t stream) {
+  const bool vector = a.n % 4 == 0 && a.gate_stride % 4 == 0 && a.up_stride % 4 == 0 && a.out_stride % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(a.gate) % 16 == 0 && reinterpret_cast<uintptr_t>(a.up) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+  const int64_t per_block = 256 * 4 * 4;  // 4 steps of 4 elements per thread
+  const dim3 grid(unsigned(std::min<int64_t>((a.n + per_block - 1) / per_block, 1024)), unsigned(a.rows));
+  if (vector)
+    glu_kernel<kKind, true><<<grid, 256, 0, stream>>>(a);
+  else
+    glu_kernel<kKind, false><<<grid, 256, 0, stream>>>(a);
 }
 
 // (value, index) with the larger value winning, the smaller index among equals.
@@ -125,13 +157,21 @@ __device__ __forceinline__ void argmax_merge(float& v, int64_t& i, float ov, int
   }
 }
 
-__global__ void __launch_bounds__(1024) argmax_kernel(const float* x, int64_t stride, int64_t n, int32_t* out) {
-  __shared__ float best_v[32];
-  __shared__ int64_t best_i[32];
-  const float* row = x + int64_t(blockIdx.x) * stride;
+// Pass 1: grid (pieces, rows); each block reduces a piece of a row to (value, index).
+// Pass 2: one warp per row reduces the pieces. Many blocks read a row at once: a single
+// block per row would be bound by one SM's memory latency (a vocabulary row is 0.5 MB).
+constexpr int kArgmaxThreads = 256;
+constexpr int64_t kArgmaxPiece = 8192;  // elements per block in pass 1
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_pieces_kernel(const float* x, int64_t stride, int64_t n, float* piece_v, int64_t* piece_i) {
+  __shared__ float best_v[kArgmaxThreads / kWarpSize];
+  __shared__ int64_t best_i[kArgmaxThreads / kWarpSize];
+  const float* row = x + int64_t(blockIdx.y) * stride;
+  const int64_t begin = int64_t(blockIdx.x) * kArgmaxPiece, end = min64(begin + kArgmaxPiece, n);
   float v = 0.0f;
   int64_t idx = -1;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  for (int64_t i = begin + threadIdx.x; i < end; i += kArgmaxThreads) {
     const float e = row[i];
     if (!isnan(e)) argmax_merge(v, idx, e, i);
   }
@@ -141,13 +181,30 @@ __global__ void __launch_bounds__(1024) argmax_kernel(const float* x, int64_t st
     const int64_t oi = __shfl_xor_sync(kFullMask, idx, offset);
     argmax_merge(v, idx, ov, oi);
   }
-  const int warp = threadIdx.x / kWarpSize, n_warps = blockDim.x / kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
   if (threadIdx.x % kWarpSize == 0) best_v[warp] = v, best_i[warp] = idx;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < n_warps; ++w) argmax_merge(v, idx, best_v[w], best_i[w]);
-    out[blockIdx.x] = int32_t(idx < 0 ? 0 : idx);
+    for (int w = 1; w < kArgmaxThreads / kWarpSize; ++w) argmax_merge(v, idx, best_v[w], best_i[w]);
+    const int64_t slot = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+    piece_v[slot] = v;
+    piece_i[slot] = idx;
   }
+}
+
+__global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i, int pieces, int32_t* out) {
+  const int lane = threadIdx.x;
+  float v = 0.0f;
+  int64_t idx = -1;
+  for (int p = lane; p < pieces; p += kWarpSize)
+    argmax_merge(v, idx, piece_v[int64_t(blockIdx.x) * pieces + p], piece_i[int64_t(blockIdx.x) * pieces + p]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, v, offset);
+    const int64_t oi = __shfl_xor_sync(kFullMask, idx, offset);
+    argmax_merge(v, idx, ov, oi);
+  }
+  if (lane == 0) out[blockIdx.x] = int32_t(idx < 0 ? 0 : idx);
 }
 
 // The dimension whose wavelength fits `n_rotations` times into the original context (YaRN).
@@ -162,7 +219,10 @@ Status rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   if (!a.x || !a.y || a.rows <= 0 || a.dim <= 0 || a.rows > 0x7fffffff)
     return Status::invalid("rmsnorm: x and y must be set and rows (" + std::to_string(a.rows) + ") and dim (" +
                            std::to_string(a.dim) + ") positive");
-  detail::rmsnorm_kernel<<<unsigned(a.rows), detail::kRowThreads, 0, stream>>>(a);
+  if (a.rows < 256 && a.dim >= 2048)
+    detail::rmsnorm_kernel<1024><<<unsigned(a.rows), 1024, 0, stream>>>(a);
+  else
+    detail::rmsnorm_kernel<detail::kRowThreads><<<unsigned(a.rows), detail::kRowThreads, 0, stream>>>(a);
   return launch_status("rmsnorm_kernel");
 }
 
@@ -187,21 +247,37 @@ Status rope(const RopeArgs& a, cudaStream_t stream) {
 Status glu(const GluArgs& a, cudaStream_t stream) {
   if (!a.gate || !a.up || !a.out || a.rows <= 0 || a.n <= 0 || a.rows > 65535)
     return Status::invalid("glu: gate, up and out must be set, rows in 1..65535 (got " + std::to_string(a.rows) + ")");
-  const dim3 grid(unsigned(std::min<int64_t>((a.n + 255) / 256, 1024)), unsigned(a.rows));
   switch (a.kind) {
-    case GluKind::Silu: detail::glu_kernel<GluKind::Silu><<<grid, 256, 0, stream>>>(a); break;
-    case GluKind::GeluTanh: detail::glu_kernel<GluKind::GeluTanh><<<grid, 256, 0, stream>>>(a); break;
-    case GluKind::SwigluOai: detail::glu_kernel<GluKind::SwigluOai><<<grid, 256, 0, stream>>>(a); break;
+    case GluKind::Silu: detail::launch_glu<GluKind::Silu>(a, stream); break;
+    case GluKind::GeluTanh: detail::launch_glu<GluKind::GeluTanh>(a, stream); break;
+    case GluKind::SwigluOai: detail::launch_glu<GluKind::SwigluOai>(a, stream); break;
     default: return Status::invalid("glu: unknown kind; supported: silu gelu_tanh swiglu_oai");
   }
   return launch_status("glu_kernel");
 }
 
-Status argmax_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, int32_t* out, cudaStream_t stream) {
-  if (!x || !out || rows <= 0 || n <= 0 || rows > 0x7fffffff)
-    return Status::invalid("argmax_rows: x and out must be set and the shape positive");
-  detail::argmax_kernel<<<unsigned(rows), 1024, 0, stream>>>(x, x_stride, n, out);
-  return launch_status("argmax_kernel");
+size_t argmax_scratch_bytes(int64_t rows, int64_t n) {
+  if (rows <= 0 || n <= 0) return 0;
+  const int64_t pieces = (n + detail::kArgmaxPiece - 1) / detail::kArgmaxPiece;
+  return size_t(rows * pieces) * (sizeof(float) + sizeof(int64_t)) + 16;
+}
+
+Status argmax_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, int32_t* out, void* scratch,
+                   size_t scratch_bytes, cudaStream_t stream) {
+  if (!x || !out || rows <= 0 || n <= 0 || rows > 65535)
+    return Status::invalid("argmax_rows: x and out must be set, rows in 1..65535 and n positive");
+  const size_t need = argmax_scratch_bytes(rows, n);
+  if (!scratch || scratch_bytes < need)
+    return Status::invalid("argmax_rows: needs " + std::to_string(need) + " bytes of scratch, got " +
+                           std::to_string(scratch_bytes));
+  const int64_t pieces = (n + detail::kArgmaxPiece - 1) / detail::kArgmaxPiece;
+  auto* piece_i = static_cast<int64_t*>(scratch);  // 8-byte values first: alignment
+  auto* piece_v = reinterpret_cast<float*>(piece_i + rows * pieces);
+  detail::argmax_pieces_kernel<<<dim3(unsigned(pieces), unsigned(rows)), detail::kArgmaxThreads, 0, stream>>>(
+      x, x_stride, n, piece_v, piece_i);
+  if (Status s = launch_status("argmax_pieces_kernel"); !s.ok()) return s;
+  detail::argmax_rows_kernel<<<unsigned(rows), detail::kWarpSize, 0, stream>>>(piece_v, piece_i, int(pieces), out);
+  return launch_status("argmax_rows_kernel");
 }
 
 }  // namespace kiln::cuda

@@ -1,0 +1,205 @@
+// The CUDA backend's memory: device buffers, the one-time weight upload through pinned
+// staging, per-step uploads and downloads, and the sync points that flush recorded ops.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/dequant.h"
+#include "backend/cuda/device.h"
+#include "formats/gguf.h"
+
+namespace kiln {
+
+namespace cuda_memory {
+
+constexpr size_t kPinnedBytes = size_t(64) << 20;  // weight chunks and per-step uploads
+constexpr size_t kSlack = 256;  // kernels may read aligned 16-byte pieces past the end
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("cuda backend: {}: {}", what, cudaGetErrorString(e));
+}
+
+class DeviceBuffer final : public Buffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) {
+    const cudaError_t e = cudaMalloc(&data_, bytes + kSlack);
+    if (e != cudaSuccess) fail("cuda backend: cannot allocate {} bytes: {}", bytes, cudaGetErrorString(e));
+    // Zero-filled, like the CPU backend's buffers: unused cache slots hold zeros.
+    check(cudaMemset(data_, 0, bytes + kSlack), "cudaMemset");
+    size_ = bytes;
+    device_ = Device::Cuda;
+  }
+  ~DeviceBuffer() override { cudaFree(data_); }
+};
+
+}  // namespace cuda_memory
+
+using cuda_memory::check;
+
+CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
+  std::string why;
+  const auto devices = cuda::list_devices(&why);
+  KILN_CHECK(!devices.empty(), "cuda backend: no CUDA device ({})", why);
+  KILN_CHECK(options.device >= 0 && size_t(options.device) < devices.size(),
+             "cuda backend: device {} does not exist ({} found)", options.device, devices.size());
+  device_sms_ = devices[size_t(options.device)].multiprocessors;
+  check(cudaSetDevice(options.device), "cudaSetDevice");
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuda backend: cublasCreate failed");
+  cublasSetStream(blas_, stream_);
+  // A fixed cuBLAS workspace, so that products captured into graphs allocate nothing.
+  scratch(blas_workspace_, size_t(32) << 20);
+  cublasSetWorkspace(blas_, blas_workspace_.data, blas_workspace_.bytes);
+  check(cudaMallocHost(&pinned_, cuda_memory::kPinnedBytes), "cudaMallocHost (staging)");
+  pinned_bytes_ = cuda_memory::kPinnedBytes;
+  graphs_ = std::make_unique<cuda::StepGraphs>(stream_, options.graphs, options.graph_max_tokens);
+}
+
+CudaBackend::~CudaBackend() {
+  if (stream_) cudaStreamSynchronize(stream_);
+  graphs_.reset();
+  if (blas_) cublasDestroy(blas_);
+  for (void* p : device_allocations_) cudaFree(p);
+  if (pinned_) cudaFreeHost(pinned_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+std::optional<std::string> CudaBackend::supports(Op op, std::span<const GgmlType> types) const {
+  for (GgmlType t : types) {
+    const bool weight_op = op == Op::Matmul || op == Op::GetRows || op == Op::MoeFfn;
+    if (weight_op) {
+      if (!cuda::dequantize_supports(t))
+        return fmt::format("cuda {}: {} weights are not supported (no dequantizer on the device)", op_name(op),
+                           type_name(t));
+      continue;
+    }
+    if (t != GgmlType::F32 && t != GgmlType::I32)
+      return fmt::format("cuda {}: {} data is not supported (f32 activations and caches only)", op_name(op),
+                         type_name(t));
+  }
+  return std::nullopt;
+}
+
+void* CudaBackend::scratch(Scratch& s, size_t bytes) {
+  if (bytes <= s.bytes) return s.data;
+  // Grow by half again, so a slowly rising need does not allocate every time.
+  const size_t grown = std::max(bytes, s.bytes + s.bytes / 2);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, grown + cuda_memory::kSlack);
+  if (e != cudaSuccess) fail("cuda backend: cannot allocate {} bytes of scratch: {}", grown, cudaGetErrorString(e));
+  device_allocations_.push_back(p);  // the old region stays alive for graphs that use it
+  s.data = p;
+  s.bytes = grown;
+  return p;
+}
+
+std::unique_ptr<Buffer> CudaBackend::allocate(size_t bytes) {
+  return std::make_unique<cuda_memory::DeviceBuffer>(std::max<size_t>(bytes, 1));
+}
+
+void CudaBackend::stage_upload(const void* host, void* dst, size_t bytes) {
+  // Whole-staging-buffer chunks: copy into pinned memory, then an async copy; the next
+  // chunk waits for the previous transfer (one buffer, so one sync per chunk).
+  const auto* src = static_cast<const uint8_t*>(host);
+  auto* out = static_cast<uint8_t*>(dst);
+  size_t done = 0;
+  while (done < bytes) {
+    const size_t n = std::min(pinned_bytes_, bytes - done);
+    std::memcpy(pinned_, src + done, n);
+    check(cudaMemcpyAsync(out + done, pinned_, n, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (weights)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (weights)");
+    done += n;
+    weight_bytes_ += n;
+    if (options_.progress) options_.progress(weight_bytes_);
+  }
+}
+
+namespace cuda_memory {
+
+Tensor shaped_like(const gguf::TensorInfo& info) {
+  KILN_CHECK(!info.shape.empty() && info.shape.size() <= size_t(Tensor::kMaxDims),
+             "tensor {}: {} dimensions (1..4 supported)", info.name, info.shape.size());
+  int64_t ne[4] = {1, 1, 1, 1};
+  for (size_t i = 0; i < info.shape.size(); ++i) ne[i] = info.shape[i];
+  switch (info.shape.size()) {
+    case 1: return Tensor::contiguous(info.type, {ne[0]}, nullptr);
+    case 2: return Tensor::contiguous(info.type, {ne[0], ne[1]}, nullptr);
+    case 3: return Tensor::contiguous(info.type, {ne[0], ne[1], ne[2]}, nullptr);
+    default: return Tensor::contiguous(info.type, {ne[0], ne[1], ne[2], ne[3]}, nullptr);
+  }
+}
+
+}  // namespace cuda_memory
+
+Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
+  Tensor t = cuda_memory::shaped_like(info);
+  KILN_CHECK(t.bytes() == info.bytes, "tensor {}: {} bytes in the file, {} expected for {}", info.name, info.bytes,
+             t.bytes(), t.describe());
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, info.bytes + cuda_memory::kSlack);
+  if (e != cudaSuccess)
+    fail("cuda backend: cannot allocate {} bytes for weight {}: {} ({} bytes of weights so far)", info.bytes,
+         info.name, cudaGetErrorString(e), weight_bytes_);
+  device_allocations_.push_back(p);
+  stage_upload(info.data, p, info.bytes);
+  t.data = p;
+  t.device = Device::Cuda;
+  t.name = info.name;
+  return t;
+}
+
+Tensor CudaBackend::owned_weight(const Tensor& src, std::string_view name) {
+  KILN_CHECK(src.is_contiguous(), "owned_weight {}: source must be contiguous", name);
+  KILN_CHECK(src.device == Device::Cpu, "owned_weight {}: source must be host data", name);
+  void* p = nullptr;
+  check(cudaMalloc(&p, src.bytes() + cuda_memory::kSlack), "cudaMalloc (owned weight)");
+  device_allocations_.push_back(p);
+  stage_upload(src.data, p, src.bytes());
+  Tensor t = src;
+  t.data = p;
+  t.name = name;
+  t.device = Device::Cuda;
+  return t;
+}
+
+void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
+  KILN_CHECK(dst.device == Device::Cuda, "cuda upload: {} is not device memory", dst.name);
+  graphs_->flush();  // ops recorded before this upload must see the old contents
+  if (bytes > pinned_bytes_ / 2) {
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    check(cudaMemcpy(dst.data, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
+    return;
+  }
+  // Small per-step uploads (tokens, positions, slots, block tables) go through a ring in the
+  // pinned buffer; synchronize() resets it once the copies are known to be done.
+  if (pinned_used_ + bytes > pinned_bytes_) {
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    pinned_used_ = 0;
+  }
+  auto* staged = static_cast<uint8_t*>(pinned_) + pinned_used_;
+  std::memcpy(staged, host, bytes);
+  pinned_used_ += (bytes + 255) / 256 * 256;
+  check(cudaMemcpyAsync(dst.data, staged, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
+}
+
+void CudaBackend::download(const Tensor& src, void* host, size_t bytes) {
+  KILN_CHECK(src.device == Device::Cuda, "cuda download: {} is not device memory", src.name);
+  graphs_->flush();
+  check(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
+  pinned_used_ = 0;
+}
+
+void CudaBackend::synchronize() {
+  graphs_->flush();
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  pinned_used_ = 0;
+}
+
+void CudaBackend::record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch,
+                         const char* op) {
+  graphs_->add(sig, tokens, std::move(launch), op);
+}
+
+}  // namespace kiln

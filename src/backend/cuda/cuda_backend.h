@@ -1,0 +1,106 @@
+#pragma once
+// The CUDA backend: backend/backend.h on one NVIDIA GPU.
+//
+//   - Weights are uploaded once, at load, in their GGUF block layout, through a pinned
+//     staging buffer in chunks (progress reported through CudaOptions::progress).
+//   - KV cache, recurrent state and scratch are device buffers allocated up front.
+//   - Ops go to the kernel library (matvec / gemm / ops / attention / dequant) or to the
+//     backend's own kernels (ops_extra.h). Decode passes are recorded and replayed as CUDA
+//     graphs (graph.h); prefill runs eagerly.
+//   - Exact mode: no int8 activations and no bf16 rounding — every matmul dequantizes its
+//     weights to f32 and runs an f32 product, so logits follow the CPU backend to ~1e-6.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/graph.h"
+
+namespace kiln {
+
+struct CudaOptions {
+  int device = 0;
+  bool exact = false;        // f32 everywhere (see above)
+  bool graphs = true;        // capture and replay decode passes
+  int graph_max_tokens = 8;  // passes of at most this many tokens are graphed
+  // Called after each uploaded chunk of weights with the bytes uploaded so far.
+  std::function<void(size_t uploaded_bytes)> progress;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaOptions& options = {});
+  ~CudaBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::Cuda; }
+  std::optional<std::string> supports(Op op, std::span<const GgmlType> types) const override;
+  const CudaOptions& options() const { return options_; }
+  cudaStream_t stream() const { return stream_; }
+  const cuda::StepGraphs& graphs() const { return *graphs_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  std::unique_ptr<Buffer> allocate(size_t bytes) override;
+  Tensor weight(const gguf::TensorInfo& info) override;
+  Tensor owned_weight(const Tensor& host_source, std::string_view name) override;
+  void upload(const void* host, const Tensor& dst, size_t bytes) override;
+  void download(const Tensor& src, void* host, size_t bytes) override;
+  void synchronize() override;
+
+  void get_rows(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& weight, float eps, Tensor& out) override;
+  void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
+  void kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) override;
+  void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& params,
+                 Tensor& out) override;
+  void glu(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& out) override;
+  void softmax(const Tensor& x, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void scale(const Tensor& x, float factor, Tensor& out) override;
+  void softcap(const Tensor& x, float cap, Tensor& out) override;
+  void moe_route(const Tensor& logits, const MoeRouteParams& params, Tensor& ids, Tensor& weights) override;
+  void moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
+               const GluParams& act, Tensor& out) override;
+  void argmax(const Tensor& x, Tensor& out) override;
+  void causal_conv_silu(const Tensor& x, const Tensor& weight, Tensor& state, const BatchIndex& batch,
+                        Tensor& out) override;
+  void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& alpha, const Tensor& beta,
+                        const Tensor& ssm_a, const Tensor& dt_bias, Tensor& state, const BatchIndex& batch,
+                        const DeltaRuleParams& params, Tensor& out) override;
+  void rmsnorm_gated(const Tensor& x, const Tensor& z, const Tensor& weight, float eps, Tensor& out) override;
+  void sigmoid_mul(const Tensor& x, const Tensor& gate, Tensor& out) override;
+
+ private:
+  // A device region that only grows; earlier regions stay alive because captured graphs
+  // may still point at them.
+  struct Scratch {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  void* scratch(Scratch& s, size_t bytes);
+  // Host -> device through the pinned staging buffer (weights: chunked, synchronous).
+  void stage_upload(const void* host, void* dst, size_t bytes);
+  void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
+  void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
+  void add_bias(const Tensor& bias, Tensor& out);
+
+  CudaOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::unique_ptr<cuda::StepGraphs> graphs_;
+  void* pinned_ = nullptr;  // staging for weights and per-step uploads
+  size_t pinned_bytes_ = 0, pinned_used_ = 0;
+  std::vector<void*> device_allocations_;  // weights, retired scratch
+  size_t weight_bytes_ = 0;
+  Scratch matmul_scratch_, attention_scratch_, tables_scratch_, moe_scratch_, argmax_scratch_,
+      blas_workspace_;
+  int device_sms_ = 0;
+};
+
+}  // namespace kiln

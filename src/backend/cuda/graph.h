@@ -1,0 +1,80 @@
+#pragma once
+// Step graphs: the CUDA backend records the ops of a pass instead of launching them, and at
+// the next host sync point (synchronize, download, upload) either replays a CUDA graph it
+// captured earlier for the same op sequence or runs the ops eagerly.
+//
+// Every op contributes a signature (its kind, its tensors' pointers, shapes and strides, its
+// parameters) to a running hash. Two passes with the same hash launch the same kernels on
+// the same buffers with the same arguments; what changes from step to step (positions,
+// slots, block tables, the token) lives in device buffers that upload() refreshes before the
+// replay. A pass whose ops touch more than `max_tokens` rows (prefill) runs eagerly; so does
+// every pass when graphs are off. Decode attention sizes its grid for a context bucket
+// (attention_bucket) rather than the exact length, so that one graph serves many steps.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/status.h"
+
+namespace kiln::cuda {
+
+// FNV-1a over raw bytes, folded into a running value.
+struct SignatureHash {
+  uint64_t value = 1469598103934665603ull;
+  void bytes(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    for (size_t i = 0; i < n; ++i) value = (value ^ p[i]) * 1099511628211ull;
+  }
+  template <typename T>
+  void pod(const T& v) { bytes(&v, sizeof(v)); }
+};
+
+class StepGraphs {
+ public:
+  using Launch = std::function<Status(cudaStream_t)>;
+
+  StepGraphs(cudaStream_t stream, bool enabled, int max_tokens) : stream_(stream), enabled_(enabled), max_tokens_(max_tokens) {}
+  ~StepGraphs();
+  StepGraphs(const StepGraphs&) = delete;
+  StepGraphs& operator=(const StepGraphs&) = delete;
+
+  bool enabled() const { return enabled_; }
+  // Adds one op: `signature` already folded into by the caller; `tokens` = rows it touches.
+  void add(const SignatureHash& signature, int64_t tokens, Launch launch, const char* op);
+  // Runs what was recorded (replay, capture, or eagerly). Throws kiln::Error naming the op
+  // whose launch failed.
+  void flush();
+  bool pending() const { return !ops_.empty(); }
+
+  // Counters for tests and benchmarks.
+  int64_t captures() const { return captures_; }
+  int64_t replays() const { return replays_; }
+  int64_t eager_passes() const { return eager_; }
+
+ private:
+  struct Recorded {
+    Launch launch;
+    const char* op;
+  };
+  void run_eagerly();
+  void clear();
+
+  cudaStream_t stream_;
+  bool enabled_;
+  int max_tokens_;
+  std::vector<Recorded> ops_;
+  SignatureHash hash_;
+  int64_t widest_ = 0;
+  std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
+  int64_t captures_ = 0, replays_ = 0, eager_ = 0;
+};
+
+// The context length decode attention is planned for: the next power of two at or above
+// `needed` (at least 256), capped at `limit`.
+int attention_bucket(int needed, int limit);
+
+}  // namespace kiln::cuda
