@@ -39,7 +39,7 @@ void unpack_q4_0(const void* row, int64_t nb, const Int8Row& o) {
   for (int64_t b = 0; b < nb; ++b) {
     const auto blk = block_at<BlockQ4_0>(row, b);
     nibbles_32(blk.qs, 0, 8, o.q + 32 * b);  // (q - 8) * d
-    o.scale[b] = f16_to_f32(blk.d);
+    o.scale[(b) * o.map_stride] = f16_to_f32(blk.d);
     o.qsum[b] = sum_of(o.q + 32 * b, 32);
   }
 }
@@ -48,8 +48,8 @@ void unpack_q4_1(const void* row, int64_t nb, const Int8Row& o) {
   for (int64_t b = 0; b < nb; ++b) {
     const auto blk = block_at<BlockQ4_1>(row, b);
     nibbles_32(blk.qs, 0, 0, o.q + 32 * b);  // q * d + m
-    o.scale[b] = f16_to_f32(blk.d);
-    o.offset[b] = f16_to_f32(blk.m);
+    o.scale[(b) * o.map_stride] = f16_to_f32(blk.d);
+    o.offset[(b) * o.map_stride] = f16_to_f32(blk.m);
     o.qsum[b] = sum_of(o.q + 32 * b, 32);
   }
 }
@@ -60,7 +60,7 @@ void unpack_q5_0(const void* row, int64_t nb, const Int8Row& o) {
     uint32_t qh;
     std::memcpy(&qh, blk.qh, 4);
     nibbles_32(blk.qs, qh, 16, o.q + 32 * b);  // (q - 16) * d
-    o.scale[b] = f16_to_f32(blk.d);
+    o.scale[(b) * o.map_stride] = f16_to_f32(blk.d);
     o.qsum[b] = sum_of(o.q + 32 * b, 32);
   }
 }
@@ -71,8 +71,8 @@ void unpack_q5_1(const void* row, int64_t nb, const Int8Row& o) {
     uint32_t qh;
     std::memcpy(&qh, blk.qh, 4);
     nibbles_32(blk.qs, qh, 0, o.q + 32 * b);  // q * d + m
-    o.scale[b] = f16_to_f32(blk.d);
-    o.offset[b] = f16_to_f32(blk.m);
+    o.scale[(b) * o.map_stride] = f16_to_f32(blk.d);
+    o.offset[(b) * o.map_stride] = f16_to_f32(blk.m);
     o.qsum[b] = sum_of(o.q + 32 * b, 32);
   }
 }
@@ -81,7 +81,7 @@ void unpack_q8_0(const void* row, int64_t nb, const Int8Row& o) {
   for (int64_t b = 0; b < nb; ++b) {
     const auto blk = block_at<BlockQ8_0>(row, b);
     std::memcpy(o.q + 32 * b, blk.qs, 32);
-    o.scale[b] = f16_to_f32(blk.d);
+    o.scale[(b) * o.map_stride] = f16_to_f32(blk.d);
     o.qsum[b] = sum_of(o.q + 32 * b, 32);
   }
 }
@@ -94,7 +94,7 @@ void unpack_iq4_nl(const void* row, int64_t nb, const Int8Row& o) {
       q[j] = iquant::kIq4Levels[blk.qs[j] & 0xF];
       q[j + 16] = iquant::kIq4Levels[blk.qs[j] >> 4];
     }
-    o.scale[b] = f16_to_f32(blk.d);
+    o.scale[(b) * o.map_stride] = f16_to_f32(blk.d);
     o.qsum[b] = sum_of(q, 32);
   }
 }
@@ -112,7 +112,7 @@ void unpack_iq4_xs(const void* row, int64_t nb, const Int8Row& o) {
         q[j] = iquant::kIq4Levels[blk.qs[16 * g + j] & 0xF];
         q[j + 16] = iquant::kIq4Levels[blk.qs[16 * g + j] >> 4];
       }
-      o.scale[gi] = d * float((low | (high << 4)) - 32);
+      o.scale[(gi) * o.map_stride] = d * float((low | (high << 4)) - 32);
       o.qsum[gi] = sum_of(q, 32);
     }
   }
@@ -128,8 +128,8 @@ void unpack_q2_K(const void* row, int64_t nb, const Int8Row& o) {
         for (int l = 0; l < 32; ++l)
           q[128 * half + 32 * shift + l] = int8_t((blk.qs[32 * half + l] >> (2 * shift)) & 3);
     for (int s = 0; s < 16; ++s) {  // d * scale * q - dmin * min
-      o.scale[16 * b + s] = d * float(blk.scales[s] & 0xF);
-      o.offset[16 * b + s] = -dmin * float(blk.scales[s] >> 4);
+      o.scale[(16 * b + s) * o.map_stride] = d * float(blk.scales[s] & 0xF);
+      o.offset[(16 * b + s) * o.map_stride] = -dmin * float(blk.scales[s] >> 4);
       o.qsum[16 * b + s] = sum_of(q + 16 * s, 16);
     }
   }
@@ -151,7 +151,7 @@ void unpack_q3_K(const void* row, int64_t nb, const Int8Row& o) {
           q[j] = int8_t(low + 4 * high - 4);  // d * (scale - 32) * (q - 4)
         }
     for (int s = 0; s < 16; ++s) {
-      o.scale[16 * b + s] = d * float(scales[s]);
+      o.scale[(16 * b + s) * o.map_stride] = d * float(scales[s]);
       o.qsum[16 * b + s] = sum_of(q + 16 * s, 16);
     }
   }
@@ -170,8 +170,8 @@ void unpack_q4_K(const void* row, int64_t nb, const Int8Row& o) {
     for (int s = 0; s < 8; ++s) {  // d * scale * q - dmin * min
       uint8_t sc, mn;
       kquant_scale_min(s, blk.scales, &sc, &mn);
-      o.scale[8 * b + s] = d * float(sc);
-      o.offset[8 * b + s] = -dmin * float(mn);
+      o.scale[(8 * b + s) * o.map_stride] = d * float(sc);
+      o.offset[(8 * b + s) * o.map_stride] = -dmin * float(mn);
       o.qsum[8 * b + s] = sum_of(q + 32 * s, 32);
     }
   }
@@ -191,8 +191,8 @@ void unpack_q5_K(const void* row, int64_t nb, const Int8Row& o) {
     for (int s = 0; s < 8; ++s) {
       uint8_t sc, mn;
       kquant_scale_min(s, blk.scales, &sc, &mn);
-      o.scale[8 * b + s] = d * float(sc);
-      o.offset[8 * b + s] = -dmin * float(mn);
+      o.scale[(8 * b + s) * o.map_stride] = d * float(sc);
+      o.offset[(8 * b + s) * o.map_stride] = -dmin * float(mn);
       o.qsum[8 * b + s] = sum_of(q + 32 * s, 32);
     }
   }
@@ -215,7 +215,7 @@ void unpack_q6_K(const void* row, int64_t nb, const Int8Row& o) {
       }
     }
     for (int s = 0; s < 16; ++s) {
-      o.scale[16 * b + s] = d * float(blk.scales[s]);
+      o.scale[(16 * b + s) * o.map_stride] = d * float(blk.scales[s]);
       o.qsum[16 * b + s] = sum_of(q + 16 * s, 16);
     }
   }

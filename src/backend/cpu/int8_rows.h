@@ -24,9 +24,10 @@ Int8Layout int8_layout(GgmlType type);
 // the activations in the int8 kernels).
 struct Int8Row {
   int8_t* q;       // cols
-  float* scale;    // cols / group
-  float* offset;   // cols / group (only when has_offset)
-  int32_t* qsum;   // cols / group
+  float* scale;    // cols / group, entry g at scale[g * map_stride]
+  float* offset;   // cols / group (only when has_offset), likewise strided
+  int32_t* qsum;   // cols / group (contiguous)
+  int64_t map_stride = 1;
 };
 
 // Unpacks one row of `cols` elements (a whole number of blocks). Scalar code, exact: the

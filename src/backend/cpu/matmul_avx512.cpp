@@ -16,6 +16,7 @@
 #include "quant/quant.h"
 
 namespace kiln::cpu::avx512 {
+using detail::q4k_scales_mins;
 using detail::quantize_block32;
 using detail::tail_mask16;
 
@@ -152,16 +153,16 @@ void panel_int8_g32(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
     const __m512 dx = _mm512_load_ps(p.dx);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = tile.q + (b * kInt8TileRows + r) * 32;
-      const Int8GroupMeta& m = tile.meta[b * kInt8TileRows + r];
+      const int64_t m = b * kInt8TileRows + r;
       // Two chains of 4 (vpdpbusd has a latency of several cycles).
-      __m512i s = _mm512_set1_epi32(m.bias), s2 = _mm512_setzero_si512();
+      __m512i s = _mm512_set1_epi32(tile.bias[m]), s2 = _mm512_setzero_si512();
       for (int c = 0; c < 8; c += 2) {
         s = dpbusd_bcast(s, xc[c], q + 4 * c);
         s2 = dpbusd_bcast(s2, xc[c + 1], q + 4 * c + 4);
       }
       s = _mm512_add_epi32(s, s2);
-      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(m.scale), dx), a[r]);
-      if constexpr (kOffset) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(m.offset), _mm512_load_ps(p.dx_sum_all), a[r]);
+      a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(tile.scale[m]), dx), a[r]);
+      if constexpr (kOffset) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(tile.offset[m]), _mm512_load_ps(p.dx_sum_all), a[r]);
     }
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + 16 * r, a[r]);
@@ -179,16 +180,16 @@ void panel_int8_g16(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
     for (int r = 0; r < R; ++r) {
       const int8_t* q = tile.q + (b * kInt8TileRows + r) * 32;
       for (int h = 0; h < 2; ++h) {
-        const Int8GroupMeta& m = tile.meta[(2 * b + h) * kInt8TileRows + r];
-        __m512i s = _mm512_set1_epi32(m.bias), s2 = _mm512_setzero_si512();
+        const int64_t m = (2 * b + h) * kInt8TileRows + r;
+        __m512i s = _mm512_set1_epi32(tile.bias[m]), s2 = _mm512_setzero_si512();
         s = dpbusd_bcast(s, xc[4 * h], q + 16 * h);
         s2 = dpbusd_bcast(s2, xc[4 * h + 1], q + 16 * h + 4);
         s = dpbusd_bcast(s, xc[4 * h + 2], q + 16 * h + 8);
         s2 = dpbusd_bcast(s2, xc[4 * h + 3], q + 16 * h + 12);
         s = _mm512_add_epi32(s, s2);
-        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(m.scale), dx), a[r]);
+        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(tile.scale[m]), dx), a[r]);
         if constexpr (kOffset)
-          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(m.offset), _mm512_load_ps(h ? p.dx_sum_hi : p.dx_sum_lo), a[r]);
+          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(tile.offset[m]), _mm512_load_ps(h ? p.dx_sum_hi : p.dx_sum_lo), a[r]);
       }
     }
   }
@@ -197,7 +198,7 @@ void panel_int8_g16(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
 
 template <int R>
 void panel_int8_rows(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8PanelBlock* panel, float* acc, bool accumulate) {
-  const bool off = tile.has_offset;
+  const bool off = tile.offset != nullptr;
   if (tile.group == 32) {
     if (off) panel_int8_g32<R, true>(tile, b0, b1, panel, acc, accumulate);
     else panel_int8_g32<R, false>(tile, b0, b1, panel, acc, accumulate);
@@ -223,7 +224,8 @@ void panel_int8(const Int8Tile& tile, int rows, int64_t b0, int64_t b1, const In
   }
 }
 
-void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t n_groups, int32_t* bias) {
+void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t n_groups, int32_t* bias,
+                       int64_t bias_stride) {
   const __m512i flip = _mm512_set1_epi8(char(0x80));
   const int per_block = 32 / group;
   const int64_t n_blocks = n_groups / per_block;
@@ -238,19 +240,22 @@ void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t
     if (group == 16) {
       const __m128i sums = _mm256_castsi256_si128(_mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(0x55, pairs)));
       const __m128i out = _mm_mullo_epi32(_mm_sub_epi32(sums, _mm_set1_epi32(128 * 16)), _mm_set1_epi32(-128));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(bias + 2 * b), out);
+      alignas(16) int32_t v[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(v), out);
+      for (int j = 0; j < 4; ++j) bias[(2 * b + j) * bias_stride] = v[j];
     } else {
       const __m512i quads = _mm512_add_epi64(pairs, _mm512_shuffle_i64x2(pairs, pairs, _MM_SHUFFLE(2, 3, 0, 1)));
       const __m128i sums = _mm256_castsi256_si128(_mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(0x11, quads)));
       const __m128i out = _mm_mullo_epi32(_mm_sub_epi32(sums, _mm_set1_epi32(128 * 32)), _mm_set1_epi32(-128));
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(bias + b), out);
+      bias[b * bias_stride] = _mm_cvtsi128_si32(out);
+      bias[(b + 1) * bias_stride] = _mm_extract_epi32(out, 1);
     }
   }
   for (; b < n_blocks; ++b) {  // an odd last block
     for (int h = 0; h < per_block; ++h) {
       int32_t sum = 0;
       for (int j = 0; j < group; ++j) sum += q[b * block_stride + h * group + j];
-      bias[b * per_block + h] = -128 * sum;
+      bias[(b * per_block + h) * bias_stride] = -128 * sum;
     }
   }
 }
@@ -304,7 +309,7 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
         store32(b, _mm256_sub_epi8(_mm256_and_si256(both, nib), eight));
         uint16_t d;
         std::memcpy(&d, blk, 2);
-        out.scale[b] = _cvtsh_ss(d);
+        out.scale[(b) * out.map_stride] = _cvtsh_ss(d);
       }
       return true;
     }
@@ -314,7 +319,7 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
         store32(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)));
         uint16_t d;
         std::memcpy(&d, blk, 2);
-        out.scale[b] = _cvtsh_ss(d);
+        out.scale[(b) * out.map_stride] = _cvtsh_ss(d);
       }
       return true;
     }
@@ -327,12 +332,13 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
           store32(8 * b + 2 * g, _mm256_and_si256(v, nib));
           store32(8 * b + 2 * g + 1, _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
         }
-        const float d = f16_to_f32(blk.d), dmin = f16_to_f32(blk.dmin);
+        // Lanes 0..7: d * scale_j; lanes 8..15: -dmin * min_j.
+        const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(blk.d)), _mm512_set1_ps(-_cvtsh_ss(blk.dmin)));
+        alignas(64) float maps[16];
+        _mm512_store_ps(maps, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scales_mins(blk.scales))), dd));
         for (int s = 0; s < 8; ++s) {
-          uint8_t sc, mn;
-          kquant_scale_min(s, blk.scales, &sc, &mn);
-          out.scale[8 * b + s] = d * float(sc);
-          out.offset[8 * b + s] = -dmin * float(mn);
+          out.scale[(8 * b + s) * out.map_stride] = maps[s];
+          out.offset[(8 * b + s) * out.map_stride] = maps[8 + s];
         }
       }
       return true;
@@ -357,9 +363,10 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
         }
         uint16_t dh;
         std::memcpy(&dh, blk + 208, 2);
-        const float d = f16_to_f32(dh);
-        const auto* scales = reinterpret_cast<const int8_t*>(blk + 192);
-        for (int s = 0; s < 16; ++s) out.scale[16 * b + s] = d * float(scales[s]);
+        alignas(64) float maps[16];
+        const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+        _mm512_store_ps(maps, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scales)), _mm512_set1_ps(_cvtsh_ss(dh))));
+        for (int s = 0; s < 16; ++s) out.scale[(16 * b + s) * out.map_stride] = maps[s];
       }
       return true;
     }

@@ -48,20 +48,16 @@ struct alignas(64) Int8PanelBlock {
 };
 
 // A tile of up to kInt8TileRows unpacked weight rows for the int8 prefill kernel, stored
-// block-major so that the kernel walks it with one pointer: the 32 bytes of block b of row r
-// at q[(b * kInt8TileRows + r) * 32], the affine map of group g of row r at
-// meta[g * kInt8TileRows + r] (bias = -128 * sum of the group's q).
+// block-major so that the kernel walks it with one index: the 32 bytes of block b of row r
+// at q[(b * kInt8TileRows + r) * 32], the affine map of group g of row r at index
+// g * kInt8TileRows + r of bias (= -128 * sum of the group's q), scale and offset.
 inline constexpr int kInt8TileRows = 8;
-struct Int8GroupMeta {
-  int32_t bias;
-  float scale;
-  float offset;
-};
 struct Int8Tile {
   const int8_t* q;
-  const Int8GroupMeta* meta;
-  bool has_offset;
-  int group;  // 16 or 32
+  const int32_t* bias;
+  const float* scale;
+  const float* offset;  // null when the layout has no offset
+  int group;            // 16 or 32
 };
 
 namespace avx512 {
@@ -108,8 +104,10 @@ void panel_int8(const Int8Tile& tile, int rows, int64_t b0, int64_t b1, const In
 bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out, int64_t block_stride);
 // bias[g] = -128 * sum of group g of q (`group` elements each), q a plain row.
 void group_bias(const int8_t* q, int group, int64_t n_groups, int32_t* bias);
-// The same with the 32-element blocks of q at `block_stride` bytes from each other.
-void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t n_groups, int32_t* bias);
+// The same with the 32-element blocks of q at `block_stride` bytes from each other, and
+// bias[g * bias_stride].
+void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t n_groups, int32_t* bias,
+                       int64_t bias_stride);
 }  // namespace avx512
 
 namespace avx2 {
