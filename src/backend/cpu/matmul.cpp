@@ -225,7 +225,7 @@ void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
   parallel_chunks(pool, n_tiles, 1, [&](int64_t t0, int64_t t1) {
     thread_local Scratch tile_buf;
     float* tile = tile_buf.get<float>(size_t(kTileRows) * size_t(a.cols));
-    alignas(64) float acc[kTileRows * 16];
+    alignas(64) float acc[kTileRows * 16], acc2[kTileRows * 16];
     for (int64_t tile_index = t0; tile_index < t1; ++tile_index) {
       const int64_t row0 = tile_index * kTileRows;
       const int rows = int(std::min<int64_t>(kTileRows, a.rows - row0));
@@ -238,7 +238,16 @@ void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
       } else {
         for (int r = 0; r < rows; ++r) dequantize_row(a.type, weight_row(a, row0 + r), tile + r * a.cols, a.cols);
       }
-      for (int64_t g = 0; g < n_groups; ++g) {
+      int64_t g = 0;
+      if (wide) {  // two token panels per pass
+        for (; g + 2 <= n_groups; g += 2) {
+          avx512::panel_f32_pair(w, w_stride, rows, a.cols, panel + g * group_floats, panel + (g + 1) * group_floats,
+                                 acc, acc2);
+          store_tile(a, acc, lanes, row0, rows, g * lanes);
+          store_tile(a, acc2, lanes, row0, rows, (g + 1) * lanes);
+        }
+      }
+      for (; g < n_groups; ++g) {
         kernel(w, w_stride, rows, a.cols, panel + g * group_floats, acc, false);
         store_tile(a, acc, lanes, row0, rows, g * lanes);
       }

@@ -87,6 +87,26 @@ void panel_f32_rows(const float* w, int64_t ws, int64_t k_len, const float* pane
   }
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + 16 * r, a[r]);
 }
+
+// Two panels at once: 16 independent accumulators (8 are just enough to cover the FMA
+// latency at two per cycle) and each broadcast weight used twice.
+void panel_f32_pair_rows8(const float* w, int64_t ws, int64_t k_len, const float* p0, const float* p1, float* acc0,
+                          float* acc1) {
+  __m512 a[8], b[8];
+  for (int r = 0; r < 8; ++r) a[r] = b[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < k_len; ++k) {
+    const __m512 x0 = _mm512_load_ps(p0 + 16 * k), x1 = _mm512_load_ps(p1 + 16 * k);
+    for (int r = 0; r < 8; ++r) {
+      const __m512 wv = _mm512_set1_ps(w[r * ws + k]);
+      a[r] = _mm512_fmadd_ps(wv, x0, a[r]);
+      b[r] = _mm512_fmadd_ps(wv, x1, b[r]);
+    }
+  }
+  for (int r = 0; r < 8; ++r) {
+    _mm512_storeu_ps(acc0 + 16 * r, a[r]);
+    _mm512_storeu_ps(acc1 + 16 * r, b[r]);
+  }
+}
 }  // namespace
 
 void panel_f32(const float* w, int64_t w_stride, int rows, int64_t k_len, const float* panel, float* acc,
@@ -101,6 +121,13 @@ void panel_f32(const float* w, int64_t w_stride, int rows, int64_t k_len, const 
     case 7: return panel_f32_rows<7>(w, w_stride, k_len, panel, acc, accumulate);
     default: return panel_f32_rows<8>(w, w_stride, k_len, panel, acc, accumulate);
   }
+}
+
+void panel_f32_pair(const float* w, int64_t w_stride, int rows, int64_t k_len, const float* panel0,
+                    const float* panel1, float* acc0, float* acc1) {
+  if (rows == 8) return panel_f32_pair_rows8(w, w_stride, k_len, panel0, panel1, acc0, acc1);
+  panel_f32(w, w_stride, rows, k_len, panel0, acc0, false);
+  panel_f32(w, w_stride, rows, k_len, panel1, acc1, false);
 }
 
 void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_t cols, float* panel) {

@@ -69,6 +69,9 @@ float dot_bf16(const void* w, const float* x, int64_t n);
 // r < rows (<= 8), k < k_len.
 void panel_f32(const float* w, int64_t w_stride, int rows, int64_t k_len, const float* panel,
                float* acc, bool accumulate);
+// Two panels at once (acc0 / acc1 overwritten): each weight broadcast serves 32 tokens.
+void panel_f32_pair(const float* w, int64_t w_stride, int rows, int64_t k_len, const float* panel0,
+                    const float* panel1, float* acc0, float* acc1);
 void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_t cols, float* panel);
 
 // Quantizes one token for the decode kernels (storage of `out` set by the caller).
