@@ -14,6 +14,7 @@ namespace kiln::cli {
 void add_model_options(CLI::App* cmd, ModelOptions& o, bool with_context) {
   cmd->add_option("-m,--model", o.path, "Model file (GGUF)")->required();
   cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
+  cmd->add_option("--device", o.device, "auto (the GPU when one is usable), cpu or cuda")->capture_default_str();
   if (!with_context) return;
   cmd->add_option("-c,--ctx-size", o.n_ctx, "Context length in tokens (0: the model's training context)")
       ->capture_default_str();
@@ -33,7 +34,9 @@ LoadedModel load_model(const ModelOptions& o, bool with_tokenizer) {
   m.n_ctx = o.n_ctx > 0 ? o.n_ctx : (hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096);
   check_memory_fits(estimate_memory(hp, m.n_ctx, o.max_batch), m.n_ctx);
 
-  m.backend = std::make_unique<CpuBackend>(o.threads);
+  BackendOptions bo;
+  bo.threads = o.threads;
+  m.backend = make_backend(o.device, bo);
   m.model = Model::load(*m.file, *m.backend);
   if (with_tokenizer) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "backend/backend_factory.h"
 #include "backend/cpu/cpu_backend.h"
 #include "formats/gguf.h"
 #include "model/model.h"
@@ -20,14 +21,15 @@ struct ModelOptions {
   int n_ctx = 4096;    // 0: the model's training context
   int threads = 0;     // 0: one per core
   int max_batch = 512; // prompt tokens per forward pass
+  std::string device = "auto";  // --device: auto (GPU when present), cpu, cuda
 };
 
-// -m/--model, -t/--threads, and (when `with_context`) -c/--ctx-size and -b/--batch-size.
+// -m/--model, -t/--threads, --device, and (when `with_context`) -c/--ctx-size and -b/--batch-size.
 void add_model_options(CLI::App* cmd, ModelOptions& options, bool with_context = true);
 
 struct LoadedModel {
   std::unique_ptr<gguf::File> file;
-  std::unique_ptr<CpuBackend> backend;
+  std::unique_ptr<Backend> backend;  // see ModelOptions::device
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
   int n_ctx = 0;             // the context the caller should allocate
