@@ -11,8 +11,11 @@ void register_info(CLI::App& app);
 void register_tensor(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_template(CLI::App& app);
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);
+void register_bench(CLI::App& app);
+void register_synth(CLI::App& app);
 void register_logits(CLI::App& app);
 
 }  // namespace kiln::cli

@@ -1,0 +1,278 @@
+// `kiln bench -m MODEL`: prompt processing and generation speed, measured the way
+// llama-bench measures them, and printed in its layouts, so the figures compare directly:
+//   ppP: one forward pass over P random tokens, from an empty cache;
+//   tgN: N single-token forward passes, from an empty cache.
+// Each test runs once to warm up, then `repetitions` times; tokens/s is reported as the
+// mean and sample standard deviation over the repetitions.
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/model_session.h"
+#include "core/error.h"
+#include "runtime/kv_cache.h"
+
+namespace kiln::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchCli {
+  ModelOptions model;
+  int n_prompt = 512;
+  int n_gen = 128;
+  int repetitions = 3;
+  std::string output = "md";
+  uint64_t seed = 1234;
+};
+
+struct TestResult {
+  std::string name;  // "pp512", "tg128"
+  int n_prompt = 0, n_gen = 0;
+  std::vector<uint64_t> samples_ns;
+  std::vector<double> samples_ts;
+  std::string test_time;
+};
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / double(v.size());
+}
+
+double stddev(const std::vector<double>& v) {
+  if (v.size() < 2) return 0;
+  const double m = mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / double(v.size() - 1));
+}
+
+std::vector<double> as_double(const std::vector<uint64_t>& v) { return {v.begin(), v.end()}; }
+
+// llama.cpp's name for a general.file_type (llama_model_ftype_name).
+std::string file_type_name(int64_t ftype) {
+  switch (ftype) {
+    case 0: return "all F32";
+    case 1: return "F16";
+    case 2: return "Q4_0";
+    case 3: return "Q4_1";
+    case 7: return "Q8_0";
+    case 8: return "Q5_0";
+    case 9: return "Q5_1";
+    case 10: return "Q2_K - Medium";
+    case 11: return "Q3_K - Small";
+    case 12: return "Q3_K - Medium";
+    case 13: return "Q3_K - Large";
+    case 14: return "Q4_K - Small";
+    case 15: return "Q4_K - Medium";
+    case 16: return "Q5_K - Small";
+    case 17: return "Q5_K - Medium";
+    case 18: return "Q6_K";
+    case 25: return "IQ4_NL - 4.5 bpw";
+    case 30: return "IQ4_XS - 4.25 bpw";
+    case 32: return "BF16";
+    case 38: return "MXFP4 MoE";
+    default: return fmt::format("ftype {}", ftype);
+  }
+}
+
+std::string size_label(uint64_t n_params) {
+  if (n_params >= 1000000000) {
+    const double b = double(n_params) / 1e9;
+    return b >= 10 ? fmt::format("{:.0f}B", b) : fmt::format("{:.1f}B", b);
+  }
+  if (n_params >= 1000000) return fmt::format("{:.0f}M", double(n_params) / 1e6);
+  return fmt::format("{:.0f}K", double(n_params) / 1e3);
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      std::string name = line.substr(line.find(':') + 1);
+      return name.substr(name.find_first_not_of(' '));
+    }
+  return "unknown";
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Random token ids (llama-bench feeds random tokens too: the values do not change the cost).
+std::vector<int32_t> random_tokens(int n, int n_vocab, uint64_t& state) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int32_t& id : ids) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    id = int32_t((state >> 33) % uint64_t(n_vocab));
+  }
+  return ids;
+}
+
+class Bench {
+ public:
+  Bench(Model& model, int n_ctx, uint64_t seed)
+      : model_(model), cache_(model.backend(), model.cache_config(n_ctx)), seq_(cache_.add_sequence()),
+        rng_(seed), logits_(size_t(model.hparams().n_vocab)) {}
+
+  // Nanoseconds for one pass over n tokens, from an empty cache.
+  uint64_t prompt(int n) {
+    const std::vector<int32_t> ids = random_tokens(n, model_.hparams().n_vocab, rng_);
+    cache_.truncate(seq_, 0);
+    Batch batch;
+    for (int i = 0; i < n; ++i) batch.add(ids[size_t(i)], i, seq_, i + 1 == n);
+    const auto start = Clock::now();
+    model_.forward(batch, cache_, logits_.data());
+    return elapsed_ns(start);
+  }
+
+  // Nanoseconds for n single-token passes, from an empty cache.
+  uint64_t generate(int n) {
+    const std::vector<int32_t> ids = random_tokens(n, model_.hparams().n_vocab, rng_);
+    cache_.truncate(seq_, 0);
+    Batch batch;
+    const auto start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      batch.clear();
+      batch.add(ids[size_t(i)], i, seq_, true);
+      model_.forward(batch, cache_, logits_.data());
+    }
+    return elapsed_ns(start);
+  }
+
+ private:
+  static uint64_t elapsed_ns(Clock::time_point start) {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+  }
+  Model& model_;
+  KvCache cache_;
+  int seq_;
+  uint64_t rng_;
+  std::vector<float> logits_;
+};
+
+TestResult run_test(Bench& bench, int n_prompt, int n_gen, int repetitions) {
+  TestResult r;
+  r.n_prompt = n_prompt;
+  r.n_gen = n_gen;
+  r.name = n_prompt > 0 ? fmt::format("pp{}", n_prompt) : fmt::format("tg{}", n_gen);
+  r.test_time = utc_now();
+  const int tokens = n_prompt > 0 ? n_prompt : n_gen;
+  auto once = [&] { return n_prompt > 0 ? bench.prompt(n_prompt) : bench.generate(n_gen); };
+  once();  // warm-up: first-touch of weights and scratch, thread start-up
+  for (int i = 0; i < repetitions; ++i) {
+    const uint64_t ns = once();
+    r.samples_ns.push_back(ns);
+    r.samples_ts.push_back(double(tokens) * 1e9 / double(ns));
+  }
+  return r;
+}
+
+struct ModelFacts {
+  std::string filename, type;
+  uint64_t size = 0, n_params = 0;
+  int threads = 0;
+};
+
+void print_markdown(const ModelFacts& m, const std::vector<TestResult>& results) {
+  fmt::print("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |\n", "model", "size", "params", "backend",
+             "threads", "test", "t/s");
+  fmt::print("| {:-<30} | {:->9}: | {:->9}: | {:-<10} | {:->6}: | {:->14}: | {:->19}: |\n", "", "", "", "", "", "", "");
+  const double gib = double(m.size) / double(1ull << 30);
+  const std::string size = gib < 1 ? fmt::format("{:.2f} MiB", double(m.size) / double(1 << 20))
+                                   : fmt::format("{:.2f} GiB", gib);
+  const double p = double(m.n_params);
+  const std::string params = p >= 1e9 ? fmt::format("{:.2f} B", p / 1e9)
+                             : p >= 1e6 ? fmt::format("{:.2f} M", p / 1e6)
+                                        : fmt::format("{:.2f} K", p / 1e3);
+  for (const TestResult& r : results) {
+    const std::string ts = fmt::format("{:.2f} ± {:.2f}", mean(r.samples_ts), stddev(r.samples_ts));
+    fmt::print("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |\n", m.type, size, params, "CPU",
+               m.threads, r.name, ts);
+  }
+}
+
+void print_json(const ModelFacts& m, const std::vector<TestResult>& results) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  const std::string cpu = cpu_model_name();
+  for (const TestResult& r : results) {
+    const std::vector<double> ns = as_double(r.samples_ns);
+    nlohmann::ordered_json j;
+    j["cpu_info"] = cpu;
+    j["backends"] = "CPU";
+    j["model_filename"] = m.filename;
+    j["model_type"] = m.type;
+    j["model_size"] = m.size;
+    j["model_n_params"] = m.n_params;
+    j["n_threads"] = m.threads;
+    j["n_prompt"] = r.n_prompt;
+    j["n_gen"] = r.n_gen;
+    j["test_time"] = r.test_time;
+    j["avg_ns"] = uint64_t(mean(ns));
+    j["stddev_ns"] = uint64_t(stddev(ns));
+    j["avg_ts"] = mean(r.samples_ts);
+    j["stddev_ts"] = stddev(r.samples_ts);
+    j["samples_ns"] = r.samples_ns;
+    j["samples_ts"] = r.samples_ts;
+    out.push_back(j);
+  }
+  fmt::print("{}\n", out.dump(2));
+}
+
+void run(const BenchCli& cli) {
+  KILN_CHECK(cli.output == "md" || cli.output == "json", "output format '{}': use md or json", cli.output);
+  KILN_CHECK(cli.n_prompt >= 0 && cli.n_gen >= 0 && cli.n_prompt + cli.n_gen > 0, "nothing to measure (-p {} -n {})",
+             cli.n_prompt, cli.n_gen);
+  KILN_CHECK(cli.repetitions > 0, "repetitions {} (-r)", cli.repetitions);
+  ModelOptions mo = cli.model;
+  mo.n_ctx = std::max(cli.n_prompt, cli.n_gen);
+  mo.max_batch = std::max(cli.n_prompt, 1);
+  LoadedModel m = load_model(mo, /*with_tokenizer=*/false);
+
+  ModelFacts facts;
+  facts.filename = cli.model.path;
+  if (auto* cpu = dynamic_cast<CpuBackend*>(m.backend.get())) facts.threads = cpu->pool().size();
+  for (const gguf::TensorInfo& t : m.file->tensors()) {
+    facts.size += t.bytes;
+    facts.n_params += uint64_t(t.elements());
+  }
+  facts.type = fmt::format("{} {} {}", m.model->hparams().arch, size_label(facts.n_params),
+                           file_type_name(m.file->get_int("general.file_type", 0)));
+
+  Bench bench(*m.model, m.n_ctx, cli.seed);
+  std::vector<TestResult> results;
+  if (cli.n_prompt > 0) results.push_back(run_test(bench, cli.n_prompt, 0, cli.repetitions));
+  if (cli.n_gen > 0) results.push_back(run_test(bench, 0, cli.n_gen, cli.repetitions));
+  if (cli.output == "md") print_markdown(facts, results);
+  else print_json(facts, results);
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto cli = std::make_shared<BenchCli>();
+  auto* cmd = app.add_subcommand("bench", "Measure prompt (pp) and generation (tg) speed, llama-bench style");
+  add_model_options(cmd, cli->model, /*with_context=*/false);
+  cmd->add_option("-p,--n-prompt", cli->n_prompt, "Prompt tokens in one pass (0: skip)")->capture_default_str();
+  cmd->add_option("-n,--n-gen", cli->n_gen, "Tokens generated one at a time (0: skip)")->capture_default_str();
+  cmd->add_option("-r,--repetitions", cli->repetitions, "Measured runs of each test")->capture_default_str();
+  cmd->add_option("-o,--output", cli->output, "md (llama-bench's table) or json (its records)")->capture_default_str();
+  cmd->add_option("--seed", cli->seed, "Seed of the random prompt tokens")->capture_default_str();
+  cmd->callback([cli] { run(*cli); });
+}
+
+}  // namespace kiln::cli
