@@ -7,6 +7,7 @@
 //   and dotted with every token. On AVX-512 VNNI, q4_0 q4_1 q5_0 q5_1 iq4_nl q8_0 q4_K q5_K q6_K
 //   use direct int8 kernels with the activations quantized once per call; other types
 //   dequantize a row to f32 (or read f32 / f16 / bf16 directly) and take f32 dot products.
+//   On AVX2, q4_0 and q8_0 have int8 kernels (maddubs).
 // - prefill, integer weight types on AVX-512 VNNI: activations quantized once into 16-token
 //   int8 panels; each tile of 8 weight rows is unpacked once to int8 and multiplied with
 //   every panel (vpdpbusd).
@@ -189,6 +190,41 @@ void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
   });
 }
 
+// AVX2 int8 decode (q4_0, q8_0): activations quantized per call to natural-order q8 blocks.
+using Avx2DecodeKernel = void (*)(const uint8_t*, size_t, int64_t, int64_t, const Q8Token*, int, float*, int64_t);
+
+Avx2DecodeKernel avx2_decode_kernel(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0: return avx2::decode_q4_0;
+    case GgmlType::Q8_0: return avx2::decode_q8_0;
+    default: return nullptr;
+  }
+}
+
+void decode_int8_avx2(const MatmulArgs& a, ThreadPool& pool, Avx2DecodeKernel kernel) {
+  thread_local Scratch act_buf;
+  const int64_t n_blocks = a.cols / 32;
+  const size_t per_token = align64(size_t(a.cols)) + 2 * align64(size_t(n_blocks) * 4);
+  auto* base = act_buf.get<uint8_t>(per_token * size_t(a.n_tokens));
+  Q8Token tokens[kDecodeMaxTokens];
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    uint8_t* p = base + per_token * size_t(t);
+    tokens[t].q = reinterpret_cast<int8_t*>(p);
+    tokens[t].dx = reinterpret_cast<float*>(p + align64(size_t(a.cols)));
+    tokens[t].sum = reinterpret_cast<int32_t*>(p + align64(size_t(a.cols)) + align64(size_t(n_blocks) * 4));
+    avx2::prepare_q8_token(a.x + t * a.x_stride, a.cols, tokens[t]);
+  }
+  const size_t exact = *row_bytes(a.type, a.cols);
+  parallel_chunks(pool, a.rows, 32, [&](int64_t begin, int64_t end) {
+    if (a.w_row_bytes == exact) {
+      kernel(static_cast<const uint8_t*>(a.w), exact, begin, end, tokens, int(a.n_tokens), a.y, a.y_stride);
+    } else {
+      for (int64_t r = begin; r < end; ++r)
+        kernel(weight_row(a, r), exact, 0, 1, tokens, int(a.n_tokens), a.y + r, a.y_stride);
+    }
+  });
+}
+
 // ---- prefill ------------------------------------------------------------------------------
 
 // acc[r * lanes + t] -> y[tok0 + t][row0 + r]: transposed in registers' reach first, so that
@@ -329,6 +365,8 @@ void matmul(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
   if (a.n_tokens <= kDecodeMaxTokens || level == SimdLevel::Scalar) {
     if (vnni) {
       if (DecodeKernel k = int8_decode_kernel(a.type)) return decode_int8(a, pool, k);
+    } else if (level != SimdLevel::Scalar) {
+      if (Avx2DecodeKernel k = avx2_decode_kernel(a.type)) return decode_int8_avx2(a, pool, k);
     }
     return decode_rows(a, pool, level);
   }
@@ -340,5 +378,14 @@ void matmul(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
 }
 
 void matmul(const MatmulArgs& a, ThreadPool& pool) { matmul(a, pool, best_simd_level()); }
+
+bool quantizes_activations(GgmlType type, int64_t n_tokens, SimdLevel level) {
+  level = std::min(level, best_simd_level());
+  if (level == SimdLevel::Scalar) return false;
+  const bool vnni = level == SimdLevel::Avx512 && cpu_features().avx512_vnni;
+  if (n_tokens <= kDecodeMaxTokens)
+    return vnni ? int8_decode_kernel(type) != nullptr : avx2_decode_kernel(type) != nullptr;
+  return vnni && int8_layout(type).group != 0;
+}
 
 }  // namespace kiln::cpu

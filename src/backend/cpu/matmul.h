@@ -42,6 +42,11 @@ void matmul(const MatmulArgs& args, ThreadPool& pool, SimdLevel level);
 // The level matmul(args, pool) uses on this processor.
 SimdLevel best_simd_level();
 
+// Whether matmul at `level` quantizes the activations to int8 (per block of 32) for this
+// weight type and token count — then results differ from matmul_reference by up to half a
+// quantization step of x per element; otherwise only by f32 rounding.
+bool quantizes_activations(GgmlType type, int64_t n_tokens, SimdLevel level);
+
 // The definition: each weight row dequantized with the scalar reference, dot products in
 // double precision. Single-threaded and slow; tests compare against it.
 void matmul_reference(const MatmulArgs& args);

@@ -1,6 +1,7 @@
-// AVX2 + FMA + F16C kernels for matmul: float dot products (decode) and the float panel
-// (prefill of weights dequantized to f32, 8 token lanes). Compiled with -mavx2 -mfma
-// -mf16c: call only when cpu_features().avx2.
+// AVX2 + FMA + F16C kernels for matmul: float dot products (decode), int8 decode of q4_0 and
+// q8_0 (maddubs, activations quantized once per call), and the float panel (prefill of
+// weights dequantized to f32, 8 token lanes). Compiled with -mavx2 -mfma -mf16c: call only
+// when cpu_features().avx2.
 #include <immintrin.h>
 
 #include <cstring>
@@ -95,6 +96,99 @@ void panel_f32(const float* w, int64_t w_stride, int rows, int64_t k_len, const 
     default: return panel_f32_rows<8>(w, w_stride, k_len, panel, acc, accumulate);
   }
 }
+
+// ---- int8 decode (q4_0, q8_0) -------------------------------------------------------------
+
+void prepare_q8_token(const float* x, int64_t cols, Q8Token& out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + 32 * b;
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 32; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j += 8) {
+      alignas(32) int32_t q[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), inv)));
+      for (int l = 0; l < 8; ++l) {
+        out.q[32 * b + j + l] = int8_t(q[l]);
+        sum += q[l];
+      }
+    }
+    out.dx[b] = amax / 127.0f;
+    out.sum[b] = sum;
+  }
+}
+
+namespace {
+
+// u8 x s8 products of 32 bytes summed into 8 f32 lanes: maddubs adds pairs into int16 with
+// saturation, which never triggers here (|w| <= 128, |x| <= 127: 2 * 128 * 127 = 32512).
+inline __m256 dot_u8_s8(__m256i w_u8, __m256i x_s8) {
+  const __m256i pairs = _mm256_maddubs_epi16(w_u8, x_s8);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+template <typename Block>
+void decode_rows(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const Q8Token* tokens, int n_tokens,
+                 float* y, int64_t y_stride, Block block) {
+  const int64_t n_blocks = int64_t(row_bytes) / block.bytes;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* row = w + size_t(r) * row_bytes;
+    for (int t = 0; t < n_tokens; ++t) {
+      const Q8Token& tk = tokens[t];
+      __m256 acc = _mm256_setzero_ps();
+      float zero_point = 0;  // sum over blocks of d_w * dx * sum(x), times the weights' zero point
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const uint8_t* blk = row + b * block.bytes;
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tk.q + 32 * b));
+        uint16_t dh;
+        std::memcpy(&dh, blk, 2);
+        const float s = _cvtsh_ss(dh) * tk.dx[b];
+        acc = _mm256_fmadd_ps(block.dot(blk, x), _mm256_set1_ps(s), acc);
+        zero_point += s * float(tk.sum[b]);
+      }
+      y[t * y_stride + r] = hsum(acc) - block.zero_point * zero_point;
+    }
+  }
+}
+
+struct Q4_0Block {
+  int bytes = 18;
+  float zero_point = 8;
+  __m256i dot_mask = _mm256_set1_epi8(0x0F);
+  __m256 dot(const uint8_t* blk, __m256i x) const {  // nibbles 0..15: elements j and j + 16
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), dot_mask);
+    return dot_u8_s8(q, x);
+  }
+};
+
+struct Q8_0Block {
+  int bytes = 34;
+  float zero_point = 0;
+  __m256 dot(const uint8_t* blk, __m256i x) const {  // |w| . (x with w's sign)
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    return dot_u8_s8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+  }
+};
+
+}  // namespace
+
+void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const Q8Token* tokens, int n_tokens,
+                 float* y, int64_t y_stride) {
+  decode_rows(w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride, Q4_0Block{});
+}
+
+void decode_q8_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const Q8Token* tokens, int n_tokens,
+                 float* y, int64_t y_stride) {
+  decode_rows(w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride, Q8_0Block{});
+}
+
+// ---- float panels ---------------------------------------------------------------------------
 
 void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_t cols, float* panel) {
   for (int64_t k = 0; k < cols; ++k) {

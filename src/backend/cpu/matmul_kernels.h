@@ -113,7 +113,22 @@ void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t
                        int64_t bias_stride);
 }  // namespace avx512
 
+// One token for the AVX2 decode kernels: int8 per 32-block in natural order, as ggml's
+// q8_0 but with an f32 scale. value = dx[b] * q[32 b + j]; sum[b] = sum of the block's q.
+struct Q8Token {
+  int8_t* q = nullptr;
+  float* dx = nullptr;
+  int32_t* sum = nullptr;
+};
+
 namespace avx2 {
+// Quantizes one token (cols a multiple of 32; storage of `out` set by the caller).
+void prepare_q8_token(const float* x, int64_t cols, Q8Token& out);
+// y[t * y_stride + r] for rows [r0, r1): q4_0 / q8_0 weights (rows of row_bytes).
+void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const Q8Token* tokens, int n_tokens,
+                 float* y, int64_t y_stride);
+void decode_q8_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const Q8Token* tokens, int n_tokens,
+                 float* y, int64_t y_stride);
 float dot_f32(const float* a, const float* b, int64_t n);
 float dot_f16(const void* w, const float* x, int64_t n);
 float dot_bf16(const void* w, const float* x, int64_t n);
