@@ -8,7 +8,6 @@ void register_commands(CLI::App& app) {
   register_quantize(app);
   register_tokenize(app);
   register_template(app);
-  register_template(app);
   register_run(app);
   register_chat(app);
   register_bench(app);

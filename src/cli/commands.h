@@ -12,7 +12,6 @@ void register_tensor(CLI::App& app);
 void register_quantize(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_template(CLI::App& app);
-void register_template(CLI::App& app);
 void register_run(CLI::App& app);
 void register_chat(CLI::App& app);
 void register_bench(CLI::App& app);
