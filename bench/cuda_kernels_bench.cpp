@@ -4,7 +4,7 @@
 // the L2 cache. Prints GB/s of bytes that must move (weights, caches) or TFLOP/s, against
 // the device-to-device copy bandwidth it measures first.
 //
-//   bench_cuda_kernels_bench [--quick]
+//   bench_cuda_kernels_bench [--quick | --profile]   (--profile: a few launches for ncu)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>  // the typed cudaMalloc overloads
 
@@ -454,8 +454,34 @@ void bench_small_ops(cudaStream_t s) {
 
 }  // namespace
 
+// For a profiler (ncu): a few direct launches of the kernels under study, nothing timed.
+void profile_launches(cudaStream_t s) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K}) {
+    Rng rng{7};
+    const int64_t rows = 14336, cols = 4096;
+    const std::vector<uint8_t> host = random_weights(type, rows, cols, rng);
+    void *w = nullptr, *scratch = nullptr;
+    float *x = nullptr, *y = nullptr;
+    check(cudaMalloc(&w, host.size() + 16), "malloc");
+    check(cudaMalloc(&x, cols * 4), "malloc");
+    check(cudaMalloc(&y, rows * 4), "malloc");
+    check(cudaMalloc(&scratch, matvec_scratch_bytes(type, cols)), "malloc");
+    cudaMemcpy(w, host.data(), host.size(), cudaMemcpyHostToDevice);
+    cudaMemset(x, 0x3c, cols * 4);
+    const Q8Vector xq = q8_vector_in(scratch, cols);
+    check(quantize_q8(x, cols, xq, s), "quantize");
+    MatvecArgs a;
+    a.type = type, a.w = w, a.w_row_bytes = int64_t(host.size() / rows), a.rows = rows, a.cols = cols, a.x = x, a.y = y;
+    for (int i = 0; i < 2; ++i) check(matvec_q8(a, xq, s), "matvec_q8");
+    check(cudaStreamSynchronize(s), "sync");
+    for (void* p : {w, scratch, static_cast<void*>(x), static_cast<void*>(y)}) cudaFree(p);
+  }
+  bench_attention(s, 1, 32768, true);
+}
+
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool profile = argc > 1 && std::strcmp(argv[1], "--profile") == 0;
   std::string why;
   const auto devices = list_devices(&why);
   if (devices.empty()) {
@@ -475,6 +501,10 @@ int main(int argc, char** argv) {
   }
 
   bench_copy(s);
+  if (profile) {
+    profile_launches(s);
+    return 0;
+  }
   const int64_t shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
   const GgmlType main_types[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16};
   const GgmlType more_types[] = {GgmlType::Q5_K, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::Q5_0,

@@ -63,6 +63,17 @@ if [ "$what" != test ] && [ -x "$BUILD/bench/bench_cuda_kernels_bench" ]; then
   stamp "bench exit $?"
   sed -n '/== summary/,$p' "$OUT/bench.log"
 fi
+if [ "${PROFILE:-0}" = 1 ] && [ -x "$BUILD/bench/bench_cuda_kernels_bench" ]; then
+  # Hardware counters of the matvec and attention kernels (clocks left alone).
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || echo ncu)
+  stamp ncu
+  timeout 150 "$ncu_bin" --clock-control none --kernel-name regex:'matvec_q8_kernel|attention_kernel' \
+    --launch-count 6 --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats \
+    "$BUILD/bench/bench_cuda_kernels_bench" --profile > "$OUT/ncu.txt" 2>&1
+  stamp "ncu exit $?"
+  grep -E "matvec_q8_kernel|attention_kernel|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Duration|Achieved Occupancy|Issue Slots Busy|Registers Per|Waves Per SM|L1/TEX Hit|Mem Busy|Max Bandwidth|Stall" "$OUT/ncu.txt" | head -80
+fi
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >> "$OUT/nvidia-smi.csv" 2>&1
 stamp done
 exit $status

@@ -1,5 +1,6 @@
 // Decode attention: argument checks, the split plan and the dispatch to the kernels of
 // attention_kernel.cuh (see attention.h for the contract).
+#include <algorithm>
 #include <string>
 
 #include "backend/cuda/attention_kernel.cuh"
@@ -7,6 +8,9 @@
 namespace kiln::cuda {
 namespace detail {
 
+// Splits the key range so that the grid fills whole waves of resident blocks (about 3 blocks
+// of 128 threads per SM fit the kernels' registers; 132 SMs on an H100 / H200), with at
+// most kMaxSplitKeys keys per block.
 SplitPlan plan_splits(const DecodeAttentionArgs& a) {
   SplitPlan plan;
   const int group = a.n_head / a.n_head_kv;
@@ -15,14 +19,15 @@ SplitPlan plan_splits(const DecodeAttentionArgs& a) {
       plan.heads_per_block = h;
       break;
     }
-  const int span = a.sliding_window > 0 && a.sliding_window < a.max_context ? a.sliding_window : a.max_context;
-  const int64_t base_blocks = int64_t(a.n_seq) * (a.n_head / plan.heads_per_block);
-  const int64_t wanted = (kTargetBlocks + base_blocks - 1) / base_blocks;
-  int keys = int((span + wanted - 1) / wanted);
-  keys = (keys + 31) / 32 * 32;
-  keys = keys < 64 ? 64 : (keys > kMaxSplitKeys ? kMaxSplitKeys : keys);
-  plan.keys_per_split = keys;
-  plan.n_splits = (span + keys - 1) / keys;
+  const int64_t span = a.sliding_window > 0 && a.sliding_window < a.max_context ? a.sliding_window : a.max_context;
+  const int64_t base = int64_t(a.n_seq) * (a.n_head / plan.heads_per_block);
+  const int64_t min_splits = (span + kMaxSplitKeys - 1) / kMaxSplitKeys;
+  const int64_t waves = (base * min_splits + kResidentBlocks - 1) / kResidentBlocks;
+  const int64_t splits = std::max<int64_t>(min_splits, waves * kResidentBlocks / base);
+  int64_t keys = (span + splits - 1) / splits;
+  keys = std::max<int64_t>(32, (keys + 31) / 32 * 32);
+  plan.keys_per_split = int(keys);
+  plan.n_splits = int((span + keys - 1) / keys);
   return plan;
 }
 

@@ -4,12 +4,16 @@
 //   decode8(b, g, v)    elements 8g .. 8g+7 of the block at b, dequantized with exactly the
 //                       arithmetic of kiln's scalar reference (quant/*.cpp), so results are
 //                       bit-identical to dequantize_row_reference;
-//   dot_q8(s, off, sub, x, ds)
+//   dot_q8<kAlign>(s, off, sub, x, ds)
 //                       the dot product of 32 elements (slice `sub`) of the block that starts
-//                       at byte `off` of a 16-byte aligned shared-memory staging buffer `s`,
+//                       at byte `off` of a 16-byte aligned shared-memory staging buffer `s`
+//                       (off a multiple of kAlign, which is 1 or up to kMaxAlign),
 //                       with 32 activations quantized to int8 (x: the 32 int8 as 8 words,
 //                       ds = (scale, scale * sum of the int8)). Integer dot products (dp4a),
-//                       then one float scaling per sub-block.
+//                       then one float scaling per sub-block;
+//   kMaxAlign           the alignment (1, 4 or 16) that every field the dot product reads
+//                       keeps when the block starts at a multiple of it (and so do all blocks
+//                       of a chunk: kBytes is a multiple of it).
 // Layouts are documented in quant/blocks.h and quant/iquant_blocks.h.
 #include "backend/cuda/common.cuh"
 #include "quant/types.h"
@@ -124,15 +128,17 @@ struct Format;
 template <>
 struct Format<GgmlType::Q4_0> {
   static constexpr int kElems = 32, kBytes = 18;
+  static constexpr int kMaxAlign = 1;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b));
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = float(legacy_nibble(b + 2, g, i) - 8) * d;
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int, const int* x, float2 ds) {
     uint32_t h[1], q[4];
-    load_words(s, off, h);
-    load_words(s, off + 2, q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 2, q);
     return half_to_float(h[0]) * (ds.x * float(dot_nibbles(q, x)) - 8.0f * ds.y);
   }
 };
@@ -140,15 +146,17 @@ struct Format<GgmlType::Q4_0> {
 template <>
 struct Format<GgmlType::Q4_1> {
   static constexpr int kElems = 32, kBytes = 20;
+  static constexpr int kMaxAlign = 4;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b)), m = half_to_float(load_u16(b + 2));
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(__fmul_rn(float(legacy_nibble(b + 4, g, i)), d), m);
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int, const int* x, float2 ds) {
     uint32_t h[1], q[4];
-    load_words(s, off, h);
-    load_words(s, off + 4, q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 4, q);
     return half_to_float(h[0]) * ds.x * float(dot_nibbles(q, x)) + half_to_float(h[0] >> 16) * ds.y;
   }
 };
@@ -176,16 +184,18 @@ __device__ __forceinline__ int q5_legacy_level(const uint8_t* qh_bytes, const ui
 template <>
 struct Format<GgmlType::Q5_0> {
   static constexpr int kElems = 32, kBytes = 22;
+  static constexpr int kMaxAlign = 1;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b));
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = float(q5_legacy_level(b + 2, b + 6, g, i) - 16) * d;
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int, const int* x, float2 ds) {
     uint32_t h[1], qh[1], q[4];
-    load_words(s, off, h);
-    load_words(s, off + 2, qh);
-    load_words(s, off + 6, q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 2, qh);
+    load_words<kAlign>(s, off + 6, q);
     return half_to_float(h[0]) * (ds.x * float(dot_q5_legacy(qh[0], q, x)) - 16.0f * ds.y);
   }
 };
@@ -193,16 +203,18 @@ struct Format<GgmlType::Q5_0> {
 template <>
 struct Format<GgmlType::Q5_1> {
   static constexpr int kElems = 32, kBytes = 24;
+  static constexpr int kMaxAlign = 4;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b)), m = half_to_float(load_u16(b + 2));
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(__fmul_rn(float(q5_legacy_level(b + 4, b + 8, g, i)), d), m);
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int, const int* x, float2 ds) {
     uint32_t h[1], qh[1], q[4];
-    load_words(s, off, h);
-    load_words(s, off + 4, qh);
-    load_words(s, off + 8, q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 4, qh);
+    load_words<kAlign>(s, off + 8, q);
     return half_to_float(h[0]) * ds.x * float(dot_q5_legacy(qh[0], q, x)) + half_to_float(h[0] >> 16) * ds.y;
   }
 };
@@ -210,15 +222,17 @@ struct Format<GgmlType::Q5_1> {
 template <>
 struct Format<GgmlType::Q8_0> {
   static constexpr int kElems = 32, kBytes = 34;
+  static constexpr int kMaxAlign = 1;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b));
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = float(int8_t(b[2 + 8 * g + i])) * d;
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int, const int* x, float2 ds) {
     uint32_t h[1], q[8];
-    load_words(s, off, h);
-    load_words(s, off + 2, q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 2, q);
     int sum = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) sum = dot4(int(q[j]), x[j], sum);
@@ -229,6 +243,7 @@ struct Format<GgmlType::Q8_0> {
 template <>
 struct Format<GgmlType::IQ4_NL> {
   static constexpr int kElems = 32, kBytes = 18;
+  static constexpr int kMaxAlign = 1;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b));
     const uint8_t* qs = b + 2 + 8 * (g & 1);
@@ -242,10 +257,11 @@ struct Format<GgmlType::IQ4_NL> {
       for (int i = 0; i < 4; ++i) v[4 * half + i] = d * float(level_byte(levels, i));
     }
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int, const int* x, float2 ds) {
     uint32_t h[1], q[4];
-    load_words(s, off, h);
-    load_words(s, off + 2, q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 2, q);
     return half_to_float(h[0]) * ds.x * float(dot_table_nibbles(q, x, iq4_table()));
   }
 };
@@ -253,6 +269,7 @@ struct Format<GgmlType::IQ4_NL> {
 template <>
 struct Format<GgmlType::MXFP4> {
   static constexpr int kElems = 32, kBytes = 17;
+  static constexpr int kMaxAlign = 1;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = e8m0_half(b[0]);
     const uint8_t* qs = b + 1 + 8 * (g & 1);
@@ -266,10 +283,11 @@ struct Format<GgmlType::MXFP4> {
       for (int i = 0; i < 4; ++i) v[4 * half + i] = float(level_byte(levels, i)) * d;
     }
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int, const int* x, float2 ds) {
     uint32_t h[1], q[4];
-    load_words(s, off, h);
-    load_words(s, off + 1, q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 1, q);
     return e8m0_half(h[0] & 0xffu) * ds.x * float(dot_table_nibbles(q, x, fp4_table()));
   }
 };
@@ -281,6 +299,7 @@ struct Format<GgmlType::MXFP4> {
 template <>
 struct Format<GgmlType::Q2_K> {
   static constexpr int kElems = 256, kBytes = 84;
+  static constexpr int kMaxAlign = 4;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b + 80)), dmin = half_to_float(load_u16(b + 82));
     const int e0 = 8 * g, sub = e0 / 16, half = e0 / 128, shift = 2 * ((e0 % 128) / 32);
@@ -289,11 +308,12 @@ struct Format<GgmlType::Q2_K> {
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __fsub_rn(__fmul_rn(dl, float((qs[i] >> shift) & 3)), ml);
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int sub, const int* x, float2 ds) {
     const int half = sub >> 2, shift = 2 * (sub & 3);
     uint32_t h[1], q[8];
-    load_words(s, off + 80, h);
-    load_words(s, off + 16 + 32 * half, q);
+    load_words<kAlign>(s, off + 80, h);
+    load_words<kAlign>(s, off + 16 + 32 * half, q);
     int sq[2] = {0, 0};
 #pragma unroll
     for (int j = 0; j < 8; ++j) sq[j / 4] = dot4(int((q[j] >> shift) & 0x03030303u), x[j], sq[j / 4]);
@@ -307,6 +327,7 @@ struct Format<GgmlType::Q2_K> {
 template <>
 struct Format<GgmlType::Q3_K> {
   static constexpr int kElems = 256, kBytes = 110;
+  static constexpr int kMaxAlign = 1;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b + 108));
     const int e0 = 8 * g, half = e0 / 128, shift = 2 * ((e0 % 128) / 32), bit = e0 / 32;
@@ -319,12 +340,13 @@ struct Format<GgmlType::Q3_K> {
       v[i] = dl * float(low - (high ? 0 : 4));
     }
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int sub, const int* x, float2 ds) {
     const int half = sub >> 2, shift = 2 * (sub & 3);
     uint32_t h[1], hm[8], q[8];
-    load_words(s, off + 108, h);
-    load_words(s, off, hm);
-    load_words(s, off + 32 + 32 * half, q);
+    load_words<kAlign>(s, off + 108, h);
+    load_words<kAlign>(s, off, hm);
+    load_words<kAlign>(s, off + 32 + 32 * half, q);
     int sq[2] = {0, 0};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -339,6 +361,7 @@ struct Format<GgmlType::Q3_K> {
 template <>
 struct Format<GgmlType::Q4_K> {
   static constexpr int kElems = 256, kBytes = 144;
+  static constexpr int kMaxAlign = 16;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
     const int sub = g / 4;
@@ -350,10 +373,11 @@ struct Format<GgmlType::Q4_K> {
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = __fsub_rn(__fmul_rn(dl, float((q[i] >> shift) & 0xF)), ml);
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int sub, const int* x, float2 ds) {
     uint32_t h[1], q[8];
-    load_words(s, off, h);
-    load_words(s, off + 16 + 32 * (sub >> 1), q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 16 + 32 * (sub >> 1), q);
     const int shift = 4 * (sub & 1);
     int sum = 0;
 #pragma unroll
@@ -367,6 +391,7 @@ struct Format<GgmlType::Q4_K> {
 template <>
 struct Format<GgmlType::Q5_K> {
   static constexpr int kElems = 256, kBytes = 176;
+  static constexpr int kMaxAlign = 16;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b)), dmin = half_to_float(load_u16(b + 2));
     const int sub = g / 4, l0 = 8 * (g % 4);
@@ -381,11 +406,12 @@ struct Format<GgmlType::Q5_K> {
       v[i] = __fsub_rn(__fmul_rn(dl, float(level)), ml);
     }
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int sub, const int* x, float2 ds) {
     uint32_t h[1], qh[8], q[8];
-    load_words(s, off, h);
-    load_words(s, off + 16, qh);
-    load_words(s, off + 48 + 32 * (sub >> 1), q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 16, qh);
+    load_words<kAlign>(s, off + 48 + 32 * (sub >> 1), q);
     const int shift = 4 * (sub & 1);
     int sum = 0;
 #pragma unroll
@@ -402,6 +428,7 @@ struct Format<GgmlType::Q5_K> {
 template <>
 struct Format<GgmlType::Q6_K> {
   static constexpr int kElems = 256, kBytes = 210;
+  static constexpr int kMaxAlign = 1;
   __device__ static void decode8(const uint8_t* b, int g, float* v) {
     const float d = half_to_float(load_u16(b + 208));
     const int e0 = 8 * g, half = e0 / 128, k = (e0 % 128) / 32, i0 = e0 % 32;
@@ -414,12 +441,13 @@ struct Format<GgmlType::Q6_K> {
       v[i] = dl * float(level - 32);
     }
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int sub, const int* x, float2 ds) {
     const int half = sub >> 2, k = sub & 3;
     uint32_t h[1], ql[8], qh[8];
-    load_words(s, off + 208, h);
-    load_words(s, off + 64 * half + 32 * (k & 1), ql);
-    load_words(s, off + 128 + 32 * half, qh);
+    load_words<kAlign>(s, off + 208, h);
+    load_words<kAlign>(s, off + 64 * half + 32 * (k & 1), ql);
+    load_words<kAlign>(s, off + 128 + 32 * half, qh);
     const int shift_l = 4 * (k >> 1), shift_h = 2 * k;
     int sq[2] = {0, 0};
 #pragma unroll
@@ -435,6 +463,7 @@ struct Format<GgmlType::Q6_K> {
 template <>
 struct Format<GgmlType::IQ4_XS> {
   static constexpr int kElems = 256, kBytes = 136;
+  static constexpr int kMaxAlign = 4;
   __device__ static int scale_code(const uint8_t* b, uint32_t scales_h, int group) {
     return ((b[4 + group / 2] >> (4 * (group % 2))) & 0xF) | (((scales_h >> (2 * group)) & 3) << 4);
   }
@@ -453,10 +482,11 @@ struct Format<GgmlType::IQ4_XS> {
       for (int i = 0; i < 4; ++i) v[4 * half + i] = scale * float(level_byte(levels, i));
     }
   }
+  template <int kAlign>
   __device__ static float dot_q8(const uint8_t* s, int off, int sub, const int* x, float2 ds) {
     uint32_t h[1], q[4];
-    load_words(s, off, h);
-    load_words(s, off + 8 + 16 * sub, q);
+    load_words<kAlign>(s, off, h);
+    load_words<kAlign>(s, off + 8 + 16 * sub, q);
     const int code = scale_code(s + off, h[0] >> 16, sub);
     return half_to_float(h[0]) * float(code - 32) * ds.x * float(dot_table_nibbles(q, x, iq4_table()));
   }

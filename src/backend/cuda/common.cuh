@@ -45,19 +45,35 @@ __device__ __forceinline__ float bf16_to_float(uint32_t bits) { return __uint_as
 __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) { return uint32_t(p[0]) | (uint32_t(p[1]) << 8); }
 __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) { return load_u16(p) | (load_u16(p + 2) << 16); }
 
-// N little-endian 32-bit words starting at byte `offset` of a 4-byte aligned buffer, at any
-// alignment: N + 1 aligned loads and funnel shifts. Reads the word after the last one too,
-// so the buffer must extend 4 bytes past the data (staging buffers are padded for it).
-template <int N>
+// N little-endian 32-bit words starting at byte `offset` of a 16-byte aligned buffer
+// (shared memory). kAlign is what the caller guarantees about `offset`:
+//   1  any alignment: N + 1 aligned loads and funnel shifts; reads the word after the last
+//      one too, so the buffer must extend 4 bytes past the data (staging buffers are padded);
+//   4  a multiple of 4: N plain word loads;
+//   16 a multiple of 16 (and N a multiple of 4): N / 4 16-byte loads.
+template <int kAlign = 1, int N>
 __device__ __forceinline__ void load_words(const uint8_t* base, int offset, uint32_t (&w)[N]) {
-  const uint32_t* words = reinterpret_cast<const uint32_t*>(base) + (offset >> 2);
-  const uint32_t shift = uint32_t(offset & 3) * 8;
-  uint32_t lo = words[0];
+  if constexpr (kAlign >= 16 && N % 4 == 0) {
+    const uint4* v = reinterpret_cast<const uint4*>(base + offset);
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const uint32_t hi = words[i + 1];
-    w[i] = __funnelshift_r(lo, hi, shift);
-    lo = hi;
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 q = v[i];
+      w[4 * i] = q.x, w[4 * i + 1] = q.y, w[4 * i + 2] = q.z, w[4 * i + 3] = q.w;
+    }
+  } else if constexpr (kAlign >= 4) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(base + offset);
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = words[i];
+  } else {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(base) + (offset >> 2);
+    const uint32_t shift = uint32_t(offset & 3) * 8;
+    uint32_t lo = words[0];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const uint32_t hi = words[i + 1];
+      w[i] = __funnelshift_r(lo, hi, shift);
+      lo = hi;
+    }
   }
 }
 

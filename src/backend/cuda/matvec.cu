@@ -134,8 +134,24 @@ __global__ void __launch_bounds__(kMatvecThreads)
       const int block_in_chunk = lane / kSlicesPerBlock, sub = lane % kSlicesPerBlock;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
+        // Where the chunk begins in its 16-byte piece decides which loads the decoder may use
+        // (the same for the whole warp: no divergence).
         const int head = int(reinterpret_cast<uintptr_t>(row_start[r] + first_block * Fmt::kBytes) & 15);
-        acc[r] += Fmt::dot_q8(stage[warp][k % kStages][r], head + block_in_chunk * Fmt::kBytes, sub, x, ds);
+        const uint8_t* st = stage[warp][k % kStages][r];
+        const int off = head + block_in_chunk * Fmt::kBytes;
+        if constexpr (Fmt::kMaxAlign >= 16) {
+          if (head == 0) {
+            acc[r] += Fmt::template dot_q8<16>(st, off, sub, x, ds);
+            continue;
+          }
+        }
+        if constexpr (Fmt::kMaxAlign >= 4) {
+          if ((head & 3) == 0) {
+            acc[r] += Fmt::template dot_q8<4>(st, off, sub, x, ds);
+            continue;
+          }
+        }
+        acc[r] += Fmt::template dot_q8<1>(st, off, sub, x, ds);
       }
     }
     __syncwarp();  // the stage is refilled next iteration
