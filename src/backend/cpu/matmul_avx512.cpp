@@ -206,17 +206,20 @@ void panel_int8_g16(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
     const __m512 dx = _mm512_load_ps(p.dx);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = tile.q + (b * kInt8TileRows + r) * 32;
-      for (int h = 0; h < 2; ++h) {
-        const int64_t m = (2 * b + h) * kInt8TileRows + r;
-        __m512i s = _mm512_set1_epi32(tile.bias[m]), s2 = _mm512_setzero_si512();
-        s = dpbusd_bcast(s, xc[4 * h], q + 16 * h);
-        s2 = dpbusd_bcast(s2, xc[4 * h + 1], q + 16 * h + 4);
-        s = dpbusd_bcast(s, xc[4 * h + 2], q + 16 * h + 8);
-        s2 = dpbusd_bcast(s2, xc[4 * h + 3], q + 16 * h + 12);
-        s = _mm512_add_epi32(s, s2);
-        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(_mm512_set1_ps(tile.scale[m]), dx), a[r]);
-        if constexpr (kOffset)
-          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(tile.offset[m]), _mm512_load_ps(h ? p.dx_sum_hi : p.dx_sum_lo), a[r]);
+      // The two 16-groups of the block are two independent chains; their scales are applied
+      // together: (lo * s_lo + hi * s_hi) * dx.
+      const int64_t m_lo = 2 * b * kInt8TileRows + r, m_hi = m_lo + kInt8TileRows;
+      __m512i lo = _mm512_set1_epi32(tile.bias[m_lo]), hi = _mm512_set1_epi32(tile.bias[m_hi]);
+      for (int c = 0; c < 4; ++c) {
+        lo = dpbusd_bcast(lo, xc[c], q + 4 * c);
+        hi = dpbusd_bcast(hi, xc[4 + c], q + 16 + 4 * c);
+      }
+      const __m512 f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_set1_ps(tile.scale[m_hi]),
+                                       _mm512_mul_ps(_mm512_cvtepi32_ps(lo), _mm512_set1_ps(tile.scale[m_lo])));
+      a[r] = _mm512_fmadd_ps(f, dx, a[r]);
+      if constexpr (kOffset) {
+        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(tile.offset[m_lo]), _mm512_load_ps(p.dx_sum_lo), a[r]);
+        a[r] = _mm512_fmadd_ps(_mm512_set1_ps(tile.offset[m_hi]), _mm512_load_ps(p.dx_sum_hi), a[r]);
       }
     }
   }
