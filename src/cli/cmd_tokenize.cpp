@@ -1,6 +1,7 @@
 // `kiln tokenize -m MODEL [--no-bos] [--parse-special] [--pieces] (-f FILE | TEXT)`:
 // prints the token ids of a text, or one "id piece" line per token with --pieces.
-// MODEL: a GGUF file, a Hugging Face tokenizer file, or a directory holding one.
+// MODEL: a GGUF file, a Hugging Face tokenizer file (tokenizer.json, tokenizer.model,
+// vocab.json + merges.txt), or a directory holding one.
 #include <fmt/core.h>
 
 #include <fstream>
@@ -75,7 +76,7 @@ void run(const TokenizeCli& cli) {
 void register_tokenize(CLI::App& app) {
   auto cli = std::make_shared<TokenizeCli>();
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text");
-  cmd->add_option("-m,--model", cli->model, "GGUF file, or Hugging Face tokenizer.model / vocab.json / model directory")->required();
+  cmd->add_option("-m,--model", cli->model, "GGUF file, or Hugging Face tokenizer.json / tokenizer.model / vocab.json / model directory")->required();
   auto* file = cmd->add_option("-f,--file", cli->text_file, "Read the text from this file");
   auto* text = cmd->add_option("text", cli->text, "The text to tokenize");
   file->excludes(text);

@@ -8,6 +8,7 @@
 // found wins: the one whose last piece starts earliest (HF compares with a strict >).
 // Unknown stretches come out as one <unk> (HF's fuse_unk), or with byte_fallback as their
 // <0xNN> byte tokens when the vocabulary has all of them.
+// Control and unused pieces never match text (special tokens are split out before).
 // Split rules (the Metaspace pre-tokenizer) cut the text into words solved one by one.
 #include <algorithm>
 #include <cstdio>
@@ -81,7 +82,7 @@ class UnigramModel final : public TokenizerModel {
         // Pieces are tried from short to long, so on a tie the earlier start stays.
         for (size_t end = start + char_len; end <= std::min(text.size(), start + max_piece_bytes_);) {
           const auto it = index_.find(text.substr(start, end - start));
-          if (it != index_.end()) {
+          if (it != index_.end() && in_lattice(it->second)) {
             offer(start, end, spec_.scores[it->second], it->second);
             if (end == start + char_len) single_char_piece = true;
           }
@@ -115,6 +116,13 @@ class UnigramModel final : public TokenizerModel {
       write_unknown(text.substr(path[i].start, path[j - 1].end - path[i].start), out);
       i = j;
     }
+  }
+
+  // Control and unused tokens (and added tokens beyond the model's pieces, which are
+  // control or user-defined) stand for no text of their own, as in SentencePiece.
+  bool in_lattice(int32_t id) const {
+    const TokenType t = spec_.types[id];
+    return t != TokenType::kControl && t != TokenType::kUnused;
   }
 
   void write_unknown(std::string_view text, std::vector<int32_t>& out) const {
