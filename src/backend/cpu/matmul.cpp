@@ -170,12 +170,12 @@ void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
     DecodeToken& tk = tokens[t];
     tk.q = reinterpret_cast<int8_t*>(p);
     p += q_bytes;
-    tk.neg_sum = reinterpret_cast<int32_t*>(p);
-    tk.neg_sum_lo = reinterpret_cast<int32_t*>(p + lane_bytes);
-    tk.neg_sum_hi = reinterpret_cast<int32_t*>(p + 2 * lane_bytes);
+    tk.bias = reinterpret_cast<int32_t*>(p);
+    tk.bias_lo = reinterpret_cast<int32_t*>(p + lane_bytes);
+    tk.bias_hi = reinterpret_cast<int32_t*>(p + 2 * lane_bytes);
     tk.dx = reinterpret_cast<float*>(p + 3 * lane_bytes);
     tk.neg_dx_sum = reinterpret_cast<float*>(p + 4 * lane_bytes);
-    avx512::prepare_decode_token(a.x + t * a.x_stride, a.cols, tk);
+    avx512::prepare_decode_token(a.x + t * a.x_stride, a.cols, avx512::decode_bias_shift(a.type), tk);
   }
   const size_t row_bytes_exact = *row_bytes(a.type, a.cols);
   parallel_chunks(pool, a.rows, 32, [&](int64_t begin, int64_t end) {

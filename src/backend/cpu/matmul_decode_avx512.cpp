@@ -36,7 +36,17 @@ float tail_dot(GgmlType type, const uint8_t* row, size_t block_bytes, int64_t fi
 
 // ---- decode: activations and the q4_0 / q8_0 kernels --------------------------------------
 
-void prepare_decode_token(const float* x, int64_t cols, DecodeToken& out) {
+int decode_bias_shift(GgmlType type) {
+  switch (type) {  // zero point / 4 lanes, as a shift: 8 -> 1, 16 -> 2, 128 -> 5
+    case GgmlType::Q4_0: return 1;
+    case GgmlType::Q5_0: return 2;
+    case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL: return 5;
+    default: return 0;  // no zero point (the kernel does not read `bias`)
+  }
+}
+
+void prepare_decode_token(const float* x, int64_t cols, int bias_shift, DecodeToken& out) {
   out.x = x;
   out.n_quads = cols / 128;
   for (int64_t qd = 0; qd < out.n_quads; ++qd) {
@@ -48,9 +58,9 @@ void prepare_decode_token(const float* x, int64_t cols, DecodeToken& out) {
       std::memcpy(out.q + 128 * qd + 64 + 16 * i, q + 16, 16);
       for (int l = 0; l < 4; ++l) {
         const int64_t lane = 16 * qd + 4 * i + l;
-        out.neg_sum[lane] = -(lo + hi);
-        out.neg_sum_lo[lane] = -lo;
-        out.neg_sum_hi[lane] = -hi;
+        out.bias[lane] = -(lo + hi) * (1 << bias_shift);
+        out.bias_lo[lane] = -lo * 8;
+        out.bias_hi[lane] = -hi * 8;
         out.dx[lane] = dx;
         out.neg_dx_sum[lane] = -dx * float(lo + hi) * 0.25f;
       }
@@ -61,11 +71,11 @@ void prepare_decode_token(const float* x, int64_t cols, DecodeToken& out) {
 namespace {
 
 // The shared loop of the quad decode kernels: `Weights` turns quad `qd` of a row into two
-// u8 vectors (lanes as in DecodeToken) and the 16 lanes' weight scales; `kBiasShift`
-// scales -sum(x) into the lanes' share of the weights' zero point (-offset * sum / 4).
+// u8 vectors (lanes as in DecodeToken) and the 16 lanes' weight scales; the accumulator
+// starts at the token's `bias`, the lanes' share of the weights' zero point.
 template <int NT, typename Weights>
 void decode_quads(const uint8_t* w, size_t row_bytes, size_t block_bytes, GgmlType type, int64_t r0, int64_t r1,
-                  const DecodeToken* tokens, float* y, int64_t y_stride, int bias_shift, Weights weights) {
+                  const DecodeToken* tokens, float* y, int64_t y_stride, Weights weights) {
   const int64_t n_quads = tokens[0].n_quads;
   const int64_t n_blocks = int64_t(row_bytes / block_bytes);
   for (int64_t r = r0; r < r1; ++r) {
@@ -78,7 +88,7 @@ void decode_quads(const uint8_t* w, size_t row_bytes, size_t block_bytes, GgmlTy
       weights(row + qd * 4 * block_bytes, lo, hi, dw);
       for (int t = 0; t < NT; ++t) {
         const DecodeToken& tk = tokens[t];
-        __m512i dot = _mm512_sllv_epi32(_mm512_load_si512(tk.neg_sum + 16 * qd), _mm512_set1_epi32(bias_shift));
+        __m512i dot = _mm512_load_si512(tk.bias + 16 * qd);
         dot = _mm512_dpbusd_epi32(dot, lo, _mm512_load_si512(tk.q + 128 * qd));
         dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512(tk.q + 128 * qd + 64));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_load_ps(tk.dx + 16 * qd)), acc[t]);
@@ -92,16 +102,15 @@ void decode_quads(const uint8_t* w, size_t row_bytes, size_t block_bytes, GgmlTy
 
 template <typename Weights>
 void decode_dispatch(const uint8_t* w, size_t row_bytes, size_t block_bytes, GgmlType type, int64_t r0, int64_t r1,
-                     const DecodeToken* tokens, int n_tokens, float* y, int64_t y_stride, int bias_shift,
-                     Weights weights) {
+                     const DecodeToken* tokens, int n_tokens, float* y, int64_t y_stride, Weights weights) {
   for (int t0 = 0; t0 < n_tokens; t0 += 4) {
     const int nt = std::min(4, n_tokens - t0);
     float* yt = y + t0 * y_stride;
     switch (nt) {
-      case 1: decode_quads<1>(w, row_bytes, block_bytes, type, r0, r1, tokens + t0, yt, y_stride, bias_shift, weights); break;
-      case 2: decode_quads<2>(w, row_bytes, block_bytes, type, r0, r1, tokens + t0, yt, y_stride, bias_shift, weights); break;
-      case 3: decode_quads<3>(w, row_bytes, block_bytes, type, r0, r1, tokens + t0, yt, y_stride, bias_shift, weights); break;
-      default: decode_quads<4>(w, row_bytes, block_bytes, type, r0, r1, tokens + t0, yt, y_stride, bias_shift, weights); break;
+      case 1: decode_quads<1>(w, row_bytes, block_bytes, type, r0, r1, tokens + t0, yt, y_stride, weights); break;
+      case 2: decode_quads<2>(w, row_bytes, block_bytes, type, r0, r1, tokens + t0, yt, y_stride, weights); break;
+      case 3: decode_quads<3>(w, row_bytes, block_bytes, type, r0, r1, tokens + t0, yt, y_stride, weights); break;
+      default: decode_quads<4>(w, row_bytes, block_bytes, type, r0, r1, tokens + t0, yt, y_stride, weights); break;
     }
   }
 }
@@ -114,7 +123,6 @@ void decode_dispatch(const uint8_t* w, size_t row_bytes, size_t block_bytes, Ggm
 struct NibbleFormat {
   GgmlType type;
   int block_bytes, d_off, m_off, qh_off, qs_off;
-  int bias_shift;  // the zero point per lane of 4 is 1 << bias_shift (-1: no zero point)
 };
 
 // Permutations that gather a quad's fields from two loads: at 0 and at 4 * block - 64.
@@ -155,7 +163,6 @@ void decode_nibble_rows(const NibbleFormat& f, const NibbleIndices& idx, const u
   alignas(64) uint8_t levels[64];
   for (int i = 0; i < 64; ++i) levels[i] = uint8_t(kIq4Levels[i % 16] + 128);
   const __m512i table = _mm512_load_si512(levels);
-  const __m512i shift = _mm512_set1_epi32(f.bias_shift < 0 ? 0 : f.bias_shift);
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = w + size_t(r) * row_bytes;
     __m512 acc[NT];
@@ -179,7 +186,7 @@ void decode_nibble_rows(const NibbleFormat& f, const NibbleIndices& idx, const u
       if constexpr (kMin) mw = halves_to_float(_mm512_permutex2var_epi16(a, idx.m, b));
       for (int t = 0; t < NT; ++t) {
         const DecodeToken& tk = tokens[t];
-        __m512i dot = kMin ? _mm512_setzero_si512() : _mm512_sllv_epi32(_mm512_load_si512(tk.neg_sum + 16 * qd), shift);
+        __m512i dot = kMin ? _mm512_setzero_si512() : _mm512_load_si512(tk.bias + 16 * qd);
         dot = _mm512_dpbusd_epi32(dot, lo, _mm512_load_si512(tk.q + 128 * qd));
         dot = _mm512_dpbusd_epi32(dot, hi, _mm512_load_si512(tk.q + 128 * qd + 64));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_load_ps(tk.dx + 16 * qd)), acc[t]);
@@ -230,31 +237,31 @@ struct Q8_0Indices {
 // Zero points: q4_0 8, q5_0 16, iq4_nl 128 (levels stored + 128); q4_1 / q5_1 have a min.
 void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, int n_tokens,
                  float* y, int64_t y_stride) {
-  static const NibbleFormat f{GgmlType::Q4_0, 18, 0, -1, -1, 2, 1};
+  static const NibbleFormat f{GgmlType::Q4_0, 18, 0, -1, -1, 2};
   decode_nibbles<false, false, false>(f, w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride);
 }
 
 void decode_q4_1(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, int n_tokens,
                  float* y, int64_t y_stride) {
-  static const NibbleFormat f{GgmlType::Q4_1, 20, 0, 2, -1, 4, -1};
+  static const NibbleFormat f{GgmlType::Q4_1, 20, 0, 2, -1, 4};
   decode_nibbles<true, false, false>(f, w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride);
 }
 
 void decode_q5_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, int n_tokens,
                  float* y, int64_t y_stride) {
-  static const NibbleFormat f{GgmlType::Q5_0, 22, 0, -1, 2, 6, 2};
+  static const NibbleFormat f{GgmlType::Q5_0, 22, 0, -1, 2, 6};
   decode_nibbles<false, true, false>(f, w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride);
 }
 
 void decode_q5_1(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, int n_tokens,
                  float* y, int64_t y_stride) {
-  static const NibbleFormat f{GgmlType::Q5_1, 24, 0, 2, 4, 8, -1};
+  static const NibbleFormat f{GgmlType::Q5_1, 24, 0, 2, 4, 8};
   decode_nibbles<true, true, false>(f, w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride);
 }
 
 void decode_iq4_nl(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens, int n_tokens,
                    float* y, int64_t y_stride) {
-  static const NibbleFormat f{GgmlType::IQ4_NL, 18, 0, -1, -1, 2, 5};
+  static const NibbleFormat f{GgmlType::IQ4_NL, 18, 0, -1, -1, 2};
   decode_nibbles<false, false, true>(f, w, row_bytes, r0, r1, tokens, n_tokens, y, y_stride);
 }
 
@@ -270,7 +277,7 @@ void decode_q8_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, con
     hi = _mm512_xor_si512(_mm512_permutex2var_epi16(c, idx.hi, d), flip);
     dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, idx.scales, b)));
   };
-  decode_dispatch(w, row_bytes, sizeof(BlockQ8_0), GgmlType::Q8_0, r0, r1, tokens, n_tokens, y, y_stride, 5, weights);
+  decode_dispatch(w, row_bytes, sizeof(BlockQ8_0), GgmlType::Q8_0, r0, r1, tokens, n_tokens, y, y_stride, weights);
 }
 
 // ---- decode: q4_K, q5_K and q6_K (super-blocks of 256 = 2 quads) -------------------------------
@@ -387,9 +394,9 @@ void decode_q6_K_rows(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1
         for (int t = 0; t < NT; ++t) {
           const DecodeToken& tk = tokens[t];
           // (q - 32): the zero point 32 over 16 elements is 8 * sum per lane of the 4.
-          const __m512i dot_lo = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_load_si512(tk.neg_sum_lo + 16 * qd), 3), lo,
+          const __m512i dot_lo = _mm512_dpbusd_epi32(_mm512_load_si512(tk.bias_lo + 16 * qd), lo,
                                                      _mm512_load_si512(tk.q + 128 * qd));
-          const __m512i dot_hi = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_load_si512(tk.neg_sum_hi + 16 * qd), 3), hi,
+          const __m512i dot_hi = _mm512_dpbusd_epi32(_mm512_load_si512(tk.bias_hi + 16 * qd), hi,
                                                      _mm512_load_si512(tk.q + 128 * qd + 64));
           const __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_hi), sc_hi, _mm512_mul_ps(_mm512_cvtepi32_ps(dot_lo), sc_lo));
           acc[t] = _mm512_fmadd_ps(s, _mm512_load_ps(tk.dx + 16 * qd), acc[t]);

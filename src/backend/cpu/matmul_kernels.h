@@ -19,18 +19,19 @@ namespace kiln::cpu {
 // (value = dx * q, q in -127..127) and grouped in quads of 4 blocks (128 elements) whose
 // bytes are reordered to [b0[0..15] b1[0..15] b2[0..15] b3[0..15] b0[16..31] ... b3[16..31]],
 // the order in which the 4-bit formats hold their nibbles. Per quad, 16 lanes of 4 bytes:
-// lane L belongs to block L / 4, and `neg_sum` / `dx` hold that block's -sum(q) and dx in
-// each of its lanes; `neg_sum_lo` / `neg_sum_hi` the -sum over the block's 16 elements held
-// in the first / second 64 bytes (for formats with a scale per 16); `neg_dx_sum` is
-// -dx * sum(q) / 4 (so that the 4 lanes of a block add up to -dx * sum, for the min terms of
-// the K-quants). Columns past the last whole quad are left to the kernel's f32 tail.
+// lane L belongs to block L / 4, and each per-lane array holds, in every lane of a block:
+// `bias` = -sum(q) << bias_shift (the weights' zero point as the kernels' accumulator
+// start: the shift is chosen per weight type), `bias_lo` / `bias_hi` = -sum << 3 over the
+// block's 16 elements in the first / second 64 bytes (q6_K's zero point 32), `dx`, and
+// `neg_dx_sum` = -dx * sum(q) / 4 (so that the 4 lanes of a block add up to -dx * sum, for
+// the min terms). Columns past the last whole quad are left to the kernel's f32 tail.
 struct DecodeToken {
   const float* x = nullptr;  // the f32 activations (for the tail past the last quad)
   int64_t n_quads = 0;
-  int8_t* q = nullptr;            // n_quads * 128
-  int32_t* neg_sum = nullptr;     // n_quads * 16 each
-  int32_t* neg_sum_lo = nullptr;
-  int32_t* neg_sum_hi = nullptr;
+  int8_t* q = nullptr;         // n_quads * 128
+  int32_t* bias = nullptr;     // n_quads * 16 each
+  int32_t* bias_lo = nullptr;
+  int32_t* bias_hi = nullptr;
   float* dx = nullptr;
   float* neg_dx_sum = nullptr;
 };
@@ -74,8 +75,10 @@ void panel_f32_pair(const float* w, int64_t w_stride, int rows, int64_t k_len, c
                     const float* panel1, float* acc0, float* acc1);
 void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_t cols, float* panel);
 
-// Quantizes one token for the decode kernels (storage of `out` set by the caller).
-void prepare_decode_token(const float* x, int64_t cols, DecodeToken& out);
+// Quantizes one token for the decode kernels (storage of `out` set by the caller), with the
+// bias shift that decode_bias_shift() gives for the weight type.
+void prepare_decode_token(const float* x, int64_t cols, int bias_shift, DecodeToken& out);
+int decode_bias_shift(GgmlType type);
 // y[t * y_stride + r] for rows [r0, r1) over the whole quads; the caller adds the tail.
 void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
                  int n_tokens, float* y, int64_t y_stride);
