@@ -41,6 +41,10 @@ for type in "${types[@]}"; do
   stamp "synth $type done"
   timeout 150 "$BUILD/src/kiln" bench -m "$model" -p 512 -n 128 -r 3 --device cuda 2>&1 | tee "$OUT/bench-$type.log"
   stamp "bench $type exit $?"
+  if [ "$type" = "${types[0]}" ]; then  # the same without step graphs: what replay saves
+    KILN_CUDA_GRAPHS=0 timeout 100 "$BUILD/src/kiln" bench -m "$model" -p 0 -n 128 -r 3 --device cuda 2>&1 \
+      | tee "$OUT/bench-$type-nographs.log"
+  fi
   rm -f "$model"
 done
 exit $status

@@ -1,5 +1,7 @@
 #include "backend/backend_factory.h"
 
+#include <cstdlib>
+
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #if KILN_HAVE_CUDA
@@ -30,6 +32,8 @@ std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOpti
     c.device = o.cuda_device;
     c.exact = o.exact;
     c.graphs = o.cuda_graphs;
+    // KILN_CUDA_GRAPHS=0 turns step graphs off (for measuring what they save).
+    if (const char* env = std::getenv("KILN_CUDA_GRAPHS"); env && std::string(env) == "0") c.graphs = false;
     c.progress = o.upload_progress;
     return std::make_unique<CudaBackend>(c);
 #else
