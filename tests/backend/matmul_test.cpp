@@ -21,6 +21,7 @@
 #include "backend/cpu/int8_rows.h"
 #include "backend/cpu/matmul.h"
 #include "core/cpu_features.h"
+#include "core/error.h"
 #include "quant/codec.h"
 #include "quant/quant.h"
 
@@ -169,6 +170,17 @@ TEST_P(MatmulTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTest, ::testing::ValuesIn(dequantizable_types()),
                          [](const ::testing::TestParamInfo<GgmlType>& info) { return std::string(type_name(info.param)); });
+
+// Bad arguments are refused on the calling thread with a message naming the problem.
+TEST(Matmul, RefusesBadArguments) {
+  ThreadPool pool(2);
+  std::vector<uint8_t> w(1024);
+  std::vector<float> x(64), y(64);
+  MatmulArgs args{GgmlType::Q4_0, w.data(), 18, 2, 33, x.data(), 33, 1, y.data(), 2};  // 33: not whole blocks
+  EXPECT_THROW(matmul(args, pool), Error);
+  args.cols = 64;  // a row of 64 q4_0 elements is 36 bytes, more than the stride of 18
+  EXPECT_THROW(matmul(args, pool), Error);
+}
 
 // The int8 unpacking reproduces the reference dequantization: scale * q + offset.
 TEST(Int8Rows, UnpackMatchesDequantize) {

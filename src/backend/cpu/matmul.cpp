@@ -25,6 +25,7 @@
 #include "backend/cpu/matmul_kernels.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "quant/codec.h"
 #include "quant/quant.h"
 
 namespace kiln::cpu {
@@ -60,6 +61,8 @@ class Scratch {
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
 void check_args(const MatmulArgs& a) {
+  // Checked here, on the calling thread: an exception inside a pool worker would terminate.
+  if (!find_codec(a.type)) fail("matmul: weight type {} has no dequantizer, so no path", type_name(a.type));
   const auto bytes = row_bytes(a.type, a.cols);
   if (!bytes) fail("matmul: {} columns is not a whole number of {} blocks", a.cols, type_name(a.type));
   if (*bytes > a.w_row_bytes)
