@@ -53,8 +53,8 @@ std::span<const RowCodec> float_codecs() {
   using namespace float_family;
   static const RowCodec codecs[] = {
       {GgmlType::F32, f32_to_float, nullptr, f32_from_float},
-      {GgmlType::F16, f16_to_float, fast_dequantizer(Fast::F16), f16_from_float},
-      {GgmlType::BF16, bf16_to_float, fast_dequantizer(Fast::BF16), bf16_from_float},
+      {GgmlType::F16, f16_to_float, fast_dequantizer(GgmlType::F16), f16_from_float},
+      {GgmlType::BF16, bf16_to_float, fast_dequantizer(GgmlType::BF16), bf16_from_float},
       {GgmlType::F64, plain_to_float<double>, nullptr, nullptr},
       {GgmlType::I8, plain_to_float<int8_t>, nullptr, nullptr},
       {GgmlType::I16, plain_to_float<int16_t>, nullptr, nullptr},

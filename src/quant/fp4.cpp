@@ -125,8 +125,8 @@ void nvfp4_from_float(const float* x, void* dst, int64_t n, const float*) {
 std::span<const RowCodec> fp4_codecs() {
   using namespace fp4_family;
   static const RowCodec codecs[] = {
-      {GgmlType::MXFP4, mxfp4_to_float, fast_dequantizer(Fast::MXFP4), mxfp4_from_float},
-      {GgmlType::NVFP4, nvfp4_to_float, fast_dequantizer(Fast::NVFP4), nvfp4_from_float},
+      {GgmlType::MXFP4, mxfp4_to_float, fast_dequantizer(GgmlType::MXFP4), mxfp4_from_float},
+      {GgmlType::NVFP4, nvfp4_to_float, fast_dequantizer(GgmlType::NVFP4), nvfp4_from_float},
   };
   return codecs;
 }

@@ -132,11 +132,11 @@ void q8_K_to_float(const void* src, float* y, int64_t n) {
 std::span<const RowCodec> kquant_codecs() {
   using namespace kquant_family;
   static const RowCodec codecs[] = {
-      {GgmlType::Q2_K, q2_K_to_float, fast_dequantizer(Fast::Q2_K), quantize_q2_K},
-      {GgmlType::Q3_K, q3_K_to_float, fast_dequantizer(Fast::Q3_K), quantize_q3_K},
-      {GgmlType::Q4_K, q4_K_to_float, fast_dequantizer(Fast::Q4_K), quantize_q4_K},
-      {GgmlType::Q5_K, q5_K_to_float, fast_dequantizer(Fast::Q5_K), quantize_q5_K},
-      {GgmlType::Q6_K, q6_K_to_float, fast_dequantizer(Fast::Q6_K), quantize_q6_K},
+      {GgmlType::Q2_K, q2_K_to_float, fast_dequantizer(GgmlType::Q2_K), quantize_q2_K},
+      {GgmlType::Q3_K, q3_K_to_float, fast_dequantizer(GgmlType::Q3_K), quantize_q3_K},
+      {GgmlType::Q4_K, q4_K_to_float, fast_dequantizer(GgmlType::Q4_K), quantize_q4_K},
+      {GgmlType::Q5_K, q5_K_to_float, fast_dequantizer(GgmlType::Q5_K), quantize_q5_K},
+      {GgmlType::Q6_K, q6_K_to_float, fast_dequantizer(GgmlType::Q6_K), quantize_q6_K},
       {GgmlType::Q8_K, q8_K_to_float, nullptr, quantize_q8_K},
   };
   return codecs;

@@ -271,12 +271,12 @@ void q8_1_from_float(const float* x, void* dst, int64_t n, const float*) {
 std::span<const RowCodec> legacy_codecs() {
   using namespace legacy_family;
   static const RowCodec codecs[] = {
-      {GgmlType::Q4_0, q4_0_to_float, fast_dequantizer(Fast::Q4_0), q4_0_from_float},
-      {GgmlType::Q4_1, q4_1_to_float, fast_dequantizer(Fast::Q4_1), q4_1_from_float},
-      {GgmlType::Q5_0, q5_0_to_float, fast_dequantizer(Fast::Q5_0), q5_0_from_float},
-      {GgmlType::Q5_1, q5_1_to_float, nullptr, q5_1_from_float},
-      {GgmlType::Q8_0, q8_0_to_float, fast_dequantizer(Fast::Q8_0), q8_0_from_float},
-      {GgmlType::Q8_1, q8_1_to_float, nullptr, q8_1_from_float},
+      {GgmlType::Q4_0, q4_0_to_float, fast_dequantizer(GgmlType::Q4_0), q4_0_from_float},
+      {GgmlType::Q4_1, q4_1_to_float, fast_dequantizer(GgmlType::Q4_1), q4_1_from_float},
+      {GgmlType::Q5_0, q5_0_to_float, fast_dequantizer(GgmlType::Q5_0), q5_0_from_float},
+      {GgmlType::Q5_1, q5_1_to_float, fast_dequantizer(GgmlType::Q5_1), q5_1_from_float},
+      {GgmlType::Q8_0, q8_0_to_float, fast_dequantizer(GgmlType::Q8_0), q8_0_from_float},
+      {GgmlType::Q8_1, q8_1_to_float, fast_dequantizer(GgmlType::Q8_1), q8_1_from_float},
   };
   return codecs;
 }

@@ -63,8 +63,27 @@ void dequantize_q5_0(const void* src, float* y, int64_t n) {
   }
 }
 
+void dequantize_q5_1(const void* src, float* y, int64_t n) {
+  const auto* b = static_cast<const BlockQ5_1*>(src);
+  for (int64_t i = 0; i < n / 32; ++i, y += 32) {
+    const __m256 d = _mm256_set1_ps(half_to_float(b[i].d));
+    // value = q * d + m, written as q * d - (-m): the same sum (IEEE defines x - y as x + -y).
+    const __m256 neg_m = _mm256_set1_ps(-half_to_float(b[i].m));
+    const __m256i levels = _mm256_or_si256(unpack_nibbles(b[i].qs), expand_high_bits(b[i].qh));
+    store_levels_i8(levels, d, neg_m, y);
+  }
+}
+
 void dequantize_q8_0(const void* src, float* y, int64_t n) {
   const auto* b = static_cast<const BlockQ8_0*>(src);
+  for (int64_t i = 0; i < n / 32; ++i, y += 32) {
+    const __m256 d = _mm256_set1_ps(half_to_float(b[i].d));
+    store_levels_i8(load32(b[i].qs), d, _mm256_setzero_ps(), y);
+  }
+}
+
+void dequantize_q8_1(const void* src, float* y, int64_t n) {
+  const auto* b = static_cast<const BlockQ8_1*>(src);  // the sum s is not needed here
   for (int64_t i = 0; i < n / 32; ++i, y += 32) {
     const __m256 d = _mm256_set1_ps(half_to_float(b[i].d));
     store_levels_i8(load32(b[i].qs), d, _mm256_setzero_ps(), y);

@@ -7,6 +7,7 @@
 #include "core/half.h"
 #include "quant/blocks.h"
 #include "quant/codec.h"
+#include "quant/fast_paths.h"
 
 namespace kiln {
 namespace lowbit_family {
@@ -59,8 +60,8 @@ void q2_0_from_float(const float* x, void* dst, int64_t n, const float*) {
 std::span<const RowCodec> lowbit_codecs() {
   using namespace lowbit_family;
   static const RowCodec codecs[] = {
-      {GgmlType::Q1_0, q1_0_to_float, nullptr, q1_0_from_float},
-      {GgmlType::Q2_0, q2_0_to_float, nullptr, q2_0_from_float},
+      {GgmlType::Q1_0, q1_0_to_float, fast_dequantizer(GgmlType::Q1_0), q1_0_from_float},
+      {GgmlType::Q2_0, q2_0_to_float, fast_dequantizer(GgmlType::Q2_0), q2_0_from_float},
   };
   return codecs;
 }

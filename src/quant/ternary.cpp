@@ -7,6 +7,7 @@
 #include "core/half.h"
 #include "quant/blocks.h"
 #include "quant/codec.h"
+#include "quant/fast_paths.h"
 
 namespace kiln {
 namespace ternary_family {
@@ -106,8 +107,8 @@ void tq2_0_from_float(const float* x, void* dst, int64_t n, const float*) {
 std::span<const RowCodec> ternary_codecs() {
   using namespace ternary_family;
   static const RowCodec codecs[] = {
-      {GgmlType::TQ1_0, tq1_0_to_float, nullptr, tq1_0_from_float},
-      {GgmlType::TQ2_0, tq2_0_to_float, nullptr, tq2_0_from_float},
+      {GgmlType::TQ1_0, tq1_0_to_float, fast_dequantizer(GgmlType::TQ1_0), tq1_0_from_float},
+      {GgmlType::TQ2_0, tq2_0_to_float, fast_dequantizer(GgmlType::TQ2_0), tq2_0_from_float},
   };
   return codecs;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "quant/fast_paths.h"
 #include "quant/iquant_kernels.h"
 
 namespace kiln {
@@ -52,6 +53,16 @@ TEST(IquantAvx2, Iq4xsMatchesReference) {
   if (!cpu_features().avx2) GTEST_SKIP() << "processor without AVX2 (or KILN_SIMD=scalar)";
   expect_avx2_matches_reference(iquant::dequantize_iq4_xs, iquant::dequantize_iq4_xs_avx2, 256,
                                 136, "iq4_xs");
+}
+
+TEST(IquantAvx512, Iq4nlMatchesReference) {
+  if (!cpu_features().avx512) GTEST_SKIP() << "processor without AVX-512 (or KILN_SIMD caps it)";
+  expect_avx2_matches_reference(iquant::dequantize_iq4_nl, avx512::dequantize_iq4_nl, 32, 18, "iq4_nl avx512");
+}
+
+TEST(IquantAvx512, Iq4xsMatchesReference) {
+  if (!cpu_features().avx512) GTEST_SKIP() << "processor without AVX-512 (or KILN_SIMD caps it)";
+  expect_avx2_matches_reference(iquant::dequantize_iq4_xs, avx512::dequantize_iq4_xs, 256, 136, "iq4_xs avx512");
 }
 
 }  // namespace
