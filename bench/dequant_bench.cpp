@@ -1,13 +1,17 @@
-// Dequantization throughput per type, scalar reference vs dequantize_row (the SIMD path
-// where one exists), in GB/s of float output. Rows of 2^20 values (4 MiB of output: about
-// L2/L3-sized, so this measures the kernels more than DRAM).
+// Dequantization throughput per type and instruction-set level: the scalar reference, then
+// each SIMD kernel the processor has (avx2, avx512), in GB/s of float output (rates use CPU
+// time). Two row lengths (the benchmark argument): 2^14 values (64 KiB of output, cache
+// resident: the kernels' own speed) and 2^20 values (4 MiB: bounded by L3 / memory stores).
 #include <benchmark/benchmark.h>
 
+#include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "quant/codec.h"
+#include "quant/fast_paths.h"
 #include "quant/quant.h"
 
 namespace {
@@ -32,16 +36,24 @@ std::vector<uint8_t> sample_row(GgmlType type) {
   return bytes;
 }
 
-void run(benchmark::State& state, GgmlType type, bool fast) {
-  const std::vector<uint8_t> bytes = sample_row(type);
-  std::vector<float> out(kValues);
+// sample_row once per type (quantizing 2^20 values is slower than the benchmark itself).
+const std::vector<uint8_t>& cached_row(GgmlType type) {
+  static std::map<GgmlType, std::vector<uint8_t>> rows;
+  auto it = rows.find(type);
+  if (it == rows.end()) it = rows.emplace(type, sample_row(type)).first;
+  return it->second;
+}
+
+void run(benchmark::State& state, GgmlType type, DequantizeFn kernel) {
+  const std::vector<uint8_t>& bytes = cached_row(type);
+  const int64_t values = state.range(0);  // a multiple of every block size; a prefix of the row
+  std::vector<float> out(values);
   for (auto _ : state) {
-    if (fast) dequantize_row(type, bytes.data(), out.data(), kValues);
-    else dequantize_row_reference(type, bytes.data(), out.data(), kValues);
+    kernel(bytes.data(), out.data(), values);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(state.iterations() * kValues * int64_t(sizeof(float)));
+  state.SetBytesProcessed(state.iterations() * values * int64_t(sizeof(float)));
 }
 
 const int registered = [] {
@@ -52,11 +64,17 @@ const int registered = [] {
     const RowCodec* codec = find_codec(type);
     if (!codec) continue;
     const std::string name(type_name(type));
-    benchmark::RegisterBenchmark(("dequant/" + name + "/reference").c_str(),
-                                 [type](benchmark::State& s) { run(s, type, false); });
-    if (codec->dequantize_fast)
-      benchmark::RegisterBenchmark(("dequant/" + name + "/fast").c_str(),
-                                   [type](benchmark::State& s) { run(s, type, true); });
+    const std::pair<const char*, DequantizeFn> levels[] = {
+        {"reference", codec->dequantize_reference},
+        {"avx2", fast_dequantizer_at(type, SimdLevel::Avx2)},
+        {"avx512", fast_dequantizer_at(type, SimdLevel::Avx512)},
+    };
+    for (const auto& [level, kernel] : levels)
+      if (kernel)
+        benchmark::RegisterBenchmark(("dequant/" + name + "/" + level).c_str(),
+                                     [type, kernel = kernel](benchmark::State& s) { run(s, type, kernel); })
+            ->Arg(int64_t(1) << 14)
+            ->Arg(kValues);
   }
   return 0;
 }();
