@@ -129,6 +129,10 @@ void decode_rows(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
     float* row = row_buf.get<float>(size_t(a.cols));
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* w = weight_row(a, r);
+      if (!direct && r + 1 < end) {  // the next row streams in while this one is worked on
+        const uint8_t* next = weight_row(a, r + 1);
+        for (size_t off = 0; off < a.w_row_bytes; off += 64) __builtin_prefetch(next + off);
+      }
       if (direct) {
         for (int64_t t = 0; t < a.n_tokens; ++t) a.y[t * a.y_stride + r] = direct(w, a.x + t * a.x_stride, a.cols);
         continue;

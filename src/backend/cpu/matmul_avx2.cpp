@@ -144,6 +144,7 @@ void decode_rows(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, con
       float zero_point = 0;  // sum over blocks of d_w * dx * sum(x), times the weights' zero point
       for (int64_t b = 0; b < n_blocks; ++b) {
         const uint8_t* blk = row + b * block.bytes;
+        _mm_prefetch(reinterpret_cast<const char*>(blk) + 4096, _MM_HINT_T0);  // weights stream from memory
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tk.q + 32 * b));
         uint16_t dh;
         std::memcpy(&dh, blk, 2);
