@@ -8,9 +8,10 @@
 namespace kiln::cuda {
 namespace detail {
 
-// Splits the key range so that the grid fills whole waves of resident blocks (about 3 blocks
-// of 128 threads per SM fit the kernels' registers; 132 SMs on an H100 / H200), with at
-// most kMaxSplitKeys keys per block.
+// Splits the key range into ranges of 64..kMaxSplitKeys keys, enough of them for about
+// kTargetBlocks blocks in all (4 blocks of 128 threads per SM fit the kernels' registers at
+// 4 heads per block; 132 SMs on an H100 / H200). Measured on the H200 (docs/perf-notes.md):
+// this beat ranges sized to fill waves of an assumed 3 blocks per SM.
 SplitPlan plan_splits(const DecodeAttentionArgs& a) {
   SplitPlan plan;
   const int group = a.n_head / a.n_head_kv;
@@ -20,12 +21,10 @@ SplitPlan plan_splits(const DecodeAttentionArgs& a) {
       break;
     }
   const int64_t span = a.sliding_window > 0 && a.sliding_window < a.max_context ? a.sliding_window : a.max_context;
-  const int64_t base = int64_t(a.n_seq) * (a.n_head / plan.heads_per_block);
-  const int64_t min_splits = (span + kMaxSplitKeys - 1) / kMaxSplitKeys;
-  const int64_t waves = (base * min_splits + kResidentBlocks - 1) / kResidentBlocks;
-  const int64_t splits = std::max<int64_t>(min_splits, waves * kResidentBlocks / base);
-  int64_t keys = (span + splits - 1) / splits;
-  keys = std::max<int64_t>(32, (keys + 31) / 32 * 32);
+  const int64_t base_blocks = int64_t(a.n_seq) * (a.n_head / plan.heads_per_block);
+  const int64_t wanted = (kTargetBlocks + base_blocks - 1) / base_blocks;
+  int64_t keys = (span + wanted - 1) / wanted;
+  keys = std::clamp<int64_t>((keys + 31) / 32 * 32, 64, kMaxSplitKeys);
   plan.keys_per_split = int(keys);
   plan.n_splits = int((span + keys - 1) / keys);
   return plan;

@@ -16,8 +16,8 @@ namespace kiln::cuda::detail {
 
 
 inline constexpr int kAttnThreads = 128;
-inline constexpr int kMaxSplitKeys = 4096;        // keys one block handles at most
-inline constexpr int kResidentBlocks = 3 * 132;  // blocks resident at once (registers), H100/H200
+inline constexpr int kMaxSplitKeys = 512;      // keys one block handles at most
+inline constexpr int kTargetBlocks = 4 * 132;  // blocks the split plan aims at (132 SMs)
 
 struct SplitPlan {
   int heads_per_block = 1;
