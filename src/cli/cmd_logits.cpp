@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend_factory.h"
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -26,6 +27,7 @@ struct Options {
   std::string model, ids, output;
   int threads = 0;
   int batch = 0;  // tokens per forward pass; 0: all at once
+  std::string device = "auto";
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -53,7 +55,10 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 void run(const Options& o) {
   const std::vector<int32_t> ids = parse_ids(o.ids);
   auto file = gguf::File::open(o.model);
-  CpuBackend backend(o.threads);
+  BackendOptions bo;
+  bo.threads = o.threads;
+  const std::unique_ptr<Backend> device = make_backend(o.device, bo);
+  Backend& backend = *device;
   auto model = Model::load(*file, backend);
   const int n_vocab = model->hparams().n_vocab;
   KvCache cache(backend, model->cache_config(int(ids.size())));
@@ -86,6 +91,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("-o,--output", options->output, "output file: n_ids x n_vocab float32")->required();
   cmd->add_option("-t,--threads", options->threads, "CPU threads (0: one per core)");
   cmd->add_option("-b,--batch-size", options->batch, "tokens per forward pass (0: all in one)");
+  cmd->add_option("--device", options->device, "auto (the GPU when one is usable), cpu or cuda");
   cmd->callback([options] { logits_cmd::run(*options); });
 }
 
