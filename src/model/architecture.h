@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "model/forward.h"
+#include "model/source.h"
 
 namespace kiln {
 
 struct Architecture {
   std::string_view name;  // general.architecture
-  // Sets what the file does not store (rope style, MoE gating, sliding-window layers...).
-  void (*configure)(HParams& hp, const gguf::File& file);
+  // Sets what the source does not store (rope style, MoE gating, sliding-window layers...).
+  void (*configure)(HParams& hp, const ModelSource& source);
   std::span<const GlobalWeightSpec> global_weights;
   std::span<const LayerWeightSpec> layer_weights;
   // Runs the batch: reads pass.tokens, writes pass.logits.

@@ -40,7 +40,7 @@ constexpr LayerWeightSpec kLayer[] = {
     {"post_ffw_norm.weight", &LayerWeights::post_ffn_norm, Need::Required},
 };
 
-void configure(HParams& hp, const gguf::File&) {
+void configure(HParams& hp, const ModelSource&) {
   hp.rope_style = RopeStyle::Neox;
   // Sliding window on every other layer, starting with layer 0.
   for (int il = 0; il < hp.n_layer; ++il) hp.layer_uses_window[size_t(il)] = hp.sliding_window > 0 && il % 2 == 0;

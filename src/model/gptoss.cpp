@@ -44,7 +44,7 @@ constexpr LayerWeightSpec kLayer[] = {
     {"ffn_down_exps.bias", &LayerWeights::exp_down_b, Need::Required},
 };
 
-void configure(HParams& hp, const gguf::File&) {
+void configure(HParams& hp, const ModelSource&) {
   hp.rope_style = RopeStyle::Neox;
   // HF computes YaRN's ramp between the exact correction dimensions (rope_scaling
   // "truncate": false for gpt-oss), where ggml rounds them to whole dimensions.

@@ -3,17 +3,20 @@
 #include <cmath>
 
 #include "formats/gguf.h"
+#include "model/source.h"
 
 namespace kiln {
 
-HParams HParams::from_gguf(const gguf::File& file) {
+HParams HParams::from_gguf(const gguf::File& file) { return from_source(GgufSource(file)); }
+
+HParams HParams::from_source(const ModelSource& source) {
   HParams hp;
-  hp.arch = std::string(file.architecture());
-  KILN_CHECK(!hp.arch.empty(), "{}: no general.architecture", file.paths().front());
+  hp.arch = std::string(source.architecture());
+  KILN_CHECK(!hp.arch.empty(), "{}: no general.architecture", source.path());
   auto key = [&](const char* suffix) { return hp.arch + "." + suffix; };
-  auto get_int = [&](const char* suffix, int64_t fallback) { return int(file.get_int(key(suffix), fallback)); };
-  auto get_float = [&](const char* suffix, double fallback) { return float(file.get_float(key(suffix), fallback)); };
-  auto require_int = [&](const char* suffix) { return int(file.get_int(key(suffix))); };
+  auto get_int = [&](const char* suffix, int64_t fallback) { return int(source.get_int(key(suffix), fallback)); };
+  auto get_float = [&](const char* suffix, double fallback) { return float(source.get_float(key(suffix), fallback)); };
+  auto require_int = [&](const char* suffix) { return int(source.get_int(key(suffix))); };
 
   hp.n_layer = require_int("block_count");
   hp.n_embd = require_int("embedding_length");
@@ -30,7 +33,7 @@ HParams HParams::from_gguf(const gguf::File& file) {
 
   hp.n_rot = get_int("rope.dimension_count", hp.head_dim_k);
   hp.rope_base = get_float("rope.freq_base", 10000.0);
-  const std::string scaling(file.get_string(key("rope.scaling.type"), "none"));
+  const std::string scaling(source.get_string(key("rope.scaling.type"), "none"));
   const float factor = get_float("rope.scaling.factor", 0.0);
   if ((scaling == "linear" || scaling == "yarn") && factor > 0) hp.rope_freq_scale = 1.0f / factor;
   if (scaling == "yarn") {
@@ -50,13 +53,13 @@ HParams HParams::from_gguf(const gguf::File& file) {
   hp.n_expert = get_int("expert_count", 0);
   hp.n_expert_used = get_int("expert_used_count", 0);
   hp.n_ff_expert = get_int("expert_feed_forward_length", hp.n_ff);
-  hp.expert_weights_norm = file.get_bool(key("expert_weights_norm"), false);
+  hp.expert_weights_norm = source.get_bool(key("expert_weights_norm"), false);
   hp.expert_weights_scale = get_float("expert_weights_scale", 1.0);
   KILN_CHECK(hp.n_expert == 0 || (hp.n_expert_used > 0 && hp.n_expert_used <= hp.n_expert),
              "{}: expert_used_count {} of expert_count {}", hp.arch, hp.n_expert_used, hp.n_expert);
 
-  const gguf::TensorInfo* embd = file.find_tensor("token_embd.weight");
-  hp.n_vocab = embd && embd->shape.size() == 2 ? int(embd->shape[1]) : get_int("vocab_size", 0);
+  const std::vector<int64_t>* embd = source.tensor_shape("token_embd.weight");
+  hp.n_vocab = embd && embd->size() == 2 ? int((*embd)[1]) : get_int("vocab_size", 0);
   return hp;
 }
 

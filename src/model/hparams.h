@@ -1,5 +1,5 @@
 #pragma once
-// Hyper-parameters of a model, read from GGUF metadata (`<arch>.block_count`, ...). Fields
+// Hyper-parameters of a model, read from GGUF metadata (or config.json seen as GGUF keys) (`<arch>.block_count`, ...). Fields
 // an architecture fixes rather than stores (rope style, MoE gating) are set by that
 // architecture's configure() after the generic read.
 #include <string>
@@ -12,6 +12,8 @@ class File;
 }
 
 namespace kiln {
+
+class ModelSource;
 
 struct HParams {
   std::string arch;
@@ -53,7 +55,9 @@ struct HParams {
     std::vector<bool> layer_is_recurrent; // empty: no linear-attention layers
   } linear;
 
-  // The generic part: every key under `<arch>.` that the common layers use.
+  // The generic part: every key under `<arch>.` that the common layers use (GGUF key
+  // names; a checkpoint's config.json is translated to them by its source).
+  static HParams from_source(const ModelSource& source);
   static HParams from_gguf(const gguf::File& file);
 
   float attention_scale() const;

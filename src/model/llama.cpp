@@ -4,7 +4,8 @@
 // Per layer:  h = x + Wo·attn(rope(Wq·n), rope(Wk·n), Wv·n)   with n = rmsnorm(x)
 //             x = h + FFN(rmsnorm(h))      FFN = down(silu(gate) * up), or top-k experts
 // llama.cpp's converter permutes Wq/Wk rows so that rope pairs neighbouring elements
-// ("normal" style) instead of HF's two halves.
+// ("normal" style) instead of HF's two halves; checkpoints loaded directly keep HF's
+// layout and rope with the halves (neox style) — the same rotation.
 #include "formats/gguf.h"
 #include "model/architecture.h"
 #include "model/layers.h"
@@ -40,8 +41,10 @@ constexpr LayerWeightSpec kLayer[] = {
     {"ffn_down_exps.weight", &LayerWeights::exp_down, Need::Moe},
 };
 
-void configure(HParams& hp, const gguf::File&) {
-  hp.rope_style = RopeStyle::Normal;
+void configure(HParams& hp, const ModelSource& source) {
+  // llama.cpp's converter permutes the rows of Wq/Wk so that rope pairs neighbours; a
+  // Hugging Face checkpoint keeps them as trained, pairing the two halves of each head.
+  hp.rope_style = source.format() == SourceFormat::HfCheckpoint ? RopeStyle::Neox : RopeStyle::Normal;
   // Mixtral: softmax over all experts, keep the top k, renormalize them — the same as a
   // softmax over the k chosen logits.
   hp.expert_gating = MoeGating::Softmax;

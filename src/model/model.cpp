@@ -21,18 +21,21 @@ Tensor ScratchPool::get(Backend& backend, const std::string& name, GgmlType dtyp
 }
 
 std::unique_ptr<Model> Model::load(const gguf::File& file, Backend& backend) {
+  return load(GgufSource(file), backend);
+}
+
+std::unique_ptr<Model> Model::load(const ModelSource& source, Backend& backend) {
   std::unique_ptr<Model> m(new Model(backend));
-  m->hp_ = HParams::from_gguf(file);
+  m->hp_ = HParams::from_source(source);
   m->arch_ = find_architecture(m->hp_.arch);
   if (!m->arch_) {
     std::string known;
     for (std::string_view n : architecture_names()) known += fmt::format("{}{}", known.empty() ? "" : ", ", n);
-    fail("{}: architecture '{}' is not supported (known: {})", file.paths().front(), m->hp_.arch, known);
+    fail("{}: architecture '{}' is not supported (known: {})", source.path(), m->hp_.arch, known);
   }
-  if (m->arch_->configure) m->arch_->configure(m->hp_, file);
-  m->weights_ = load_weights(file, backend, m->hp_, m->arch_->global_weights, m->arch_->layer_weights);
-  KILN_CHECK(!m->weights_.tok_embd.empty() && m->hp_.n_vocab > 0, "{}: no token embedding",
-             file.paths().front());
+  if (m->arch_->configure) m->arch_->configure(m->hp_, source);
+  m->weights_ = load_weights(source, backend, m->hp_, m->arch_->global_weights, m->arch_->layer_weights);
+  KILN_CHECK(!m->weights_.tok_embd.empty() && m->hp_.n_vocab > 0, "{}: no token embedding", source.path());
   return m;
 }
 

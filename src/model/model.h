@@ -21,6 +21,9 @@ class Model {
   // Reads the hyper-parameters and weights; throws for an unknown architecture or a
   // missing / unused tensor. The file must outlive the model (weights may be views of it).
   static std::unique_ptr<Model> load(const gguf::File& file, Backend& backend);
+  // The same from any source (a GGUF file or a Hugging Face checkpoint, model/source.h);
+  // the source must outlive the model.
+  static std::unique_ptr<Model> load(const ModelSource& source, Backend& backend);
 
   const HParams& hparams() const { return hp_; }
   const ModelWeights& weights() const { return weights_; }

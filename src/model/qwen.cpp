@@ -56,12 +56,12 @@ constexpr LayerWeightSpec kQwen3MoeLayer[] = {
 
 #undef KILN_QWEN_ATTENTION_WEIGHTS
 
-void configure(HParams& hp, const gguf::File& file) {
+void configure(HParams& hp, const ModelSource& source) {
   hp.rope_style = RopeStyle::Neox;
   // Qwen3-MoE renormalizes the chosen experts' softmax weights (HF norm_topk_prob, which
   // every released model sets); a file may say otherwise through expert_weights_norm.
   hp.expert_gating = MoeGating::Softmax;
-  hp.expert_weights_norm = file.get_bool(hp.arch + ".expert_weights_norm", true);
+  hp.expert_weights_norm = source.get_bool(hp.arch + ".expert_weights_norm", true);
 }
 
 void forward(ForwardPass& p) {

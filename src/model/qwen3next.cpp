@@ -73,25 +73,25 @@ constexpr LayerWeightSpec kLayer[] = {
     {"ffn_down_shexp.weight", &LayerWeights::shexp_down, Need::Optional},
 };
 
-void configure(HParams& hp, const gguf::File& file) {
+void configure(HParams& hp, const ModelSource& source) {
   auto key = [&](const char* suffix) { return hp.arch + "." + suffix; };
   hp.rope_style = RopeStyle::Neox;
   // Experts: softmax over all, top k, renormalized (HF norm_topk_prob).
   hp.expert_gating = MoeGating::Softmax;
-  hp.expert_weights_norm = file.get_bool(key("expert_weights_norm"), true);
+  hp.expert_weights_norm = source.get_bool(key("expert_weights_norm"), true);
 
   HParams::LinearAttention& la = hp.linear;
-  la.conv_kernel = int(file.get_int(key("ssm.conv_kernel")));
-  la.n_k_heads = int(file.get_int(key("ssm.group_count")));
-  la.n_v_heads = int(file.get_int(key("ssm.time_step_rank")));
-  la.head_dim_k = int(file.get_int(key("ssm.state_size")));
-  const int inner = int(file.get_int(key("ssm.inner_size")));
+  la.conv_kernel = int(source.get_int(key("ssm.conv_kernel")));
+  la.n_k_heads = int(source.get_int(key("ssm.group_count")));
+  la.n_v_heads = int(source.get_int(key("ssm.time_step_rank")));
+  la.head_dim_k = int(source.get_int(key("ssm.state_size")));
+  const int inner = int(source.get_int(key("ssm.inner_size")));
   KILN_CHECK(la.conv_kernel >= 2 && la.n_k_heads > 0 && la.n_v_heads > 0 && la.n_v_heads % la.n_k_heads == 0 &&
                  la.head_dim_k > 0 && inner > 0 && inner % la.n_v_heads == 0,
              "{}: linear attention of {} key heads, {} value heads, state {}, inner size {}, conv kernel {}", hp.arch,
              la.n_k_heads, la.n_v_heads, la.head_dim_k, inner, la.conv_kernel);
   la.head_dim_v = inner / la.n_v_heads;
-  const int interval = int(file.get_int(key("full_attention_interval"), 4));
+  const int interval = int(source.get_int(key("full_attention_interval"), 4));
   KILN_CHECK(interval > 0, "{}: full_attention_interval {}", hp.arch, interval);
   la.layer_is_recurrent.resize(size_t(hp.n_layer));
   for (int il = 0; il < hp.n_layer; ++il) la.layer_is_recurrent[size_t(il)] = (il + 1) % interval != 0;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "formats/gguf.h"
+#include "model/source.h"
 
 namespace kiln {
 
@@ -25,22 +26,21 @@ bool allowed(Need need, const HParams& hp) {
 
 }  // namespace weight_loading
 
-ModelWeights load_weights(const gguf::File& file, Backend& backend, const HParams& hp,
+ModelWeights load_weights(const ModelSource& source, Backend& backend, const HParams& hp,
                           std::span<const GlobalWeightSpec> globals, std::span<const LayerWeightSpec> per_layer) {
   ModelWeights w;
   w.layers.resize(size_t(hp.n_layer));
-  std::set<std::string> used;
-  const std::string& file_name = file.paths().front();
+  std::set<std::string, std::less<>> used;
 
   auto load = [&](const std::string& name, Need need, Tensor& field) {
     if (!weight_loading::allowed(need, hp)) return;
-    const gguf::TensorInfo* info = file.find_tensor(name);
-    if (!info) {
-      KILN_CHECK(!weight_loading::wanted(need, hp), "{}: architecture {} needs tensor {}, which the file lacks",
-                 file_name, hp.arch, name);
-      return;
+    if (!source.has_tensor(name)) {
+      if (!weight_loading::wanted(need, hp)) return;
+      const std::string native = source.native_name(name);
+      fail("{}: architecture {} needs tensor {}{}, which the {} lacks", source.path(), hp.arch, name,
+           native.empty() ? "" : " (" + native + ")", source.format() == SourceFormat::Gguf ? "file" : "checkpoint");
     }
-    field = backend.weight(*info);
+    field = source.load_tensor(name, backend);
     used.insert(name);
   };
   for (const GlobalWeightSpec& spec : globals) load(spec.name, spec.need, w.*spec.field);
@@ -48,10 +48,15 @@ ModelWeights load_weights(const gguf::File& file, Backend& backend, const HParam
     for (const LayerWeightSpec& spec : per_layer)
       load("blk." + std::to_string(il) + "." + spec.name, spec.need, w.layers[size_t(il)].*spec.field);
 
-  for (const gguf::TensorInfo& t : file.tensors())
-    KILN_CHECK(used.count(t.name), "{}: tensor {} is not used by architecture {} (unknown weight or wrong "
-               "architecture)", file_name, t.name, hp.arch);
+  for (const std::string& name : source.tensor_names())
+    KILN_CHECK(used.count(name), "{}: tensor {} is not used by architecture {} (unknown weight or wrong "
+               "architecture)", source.path(), name, hp.arch);
   return w;
+}
+
+ModelWeights load_weights(const gguf::File& file, Backend& backend, const HParams& hp,
+                          std::span<const GlobalWeightSpec> globals, std::span<const LayerWeightSpec> per_layer) {
+  return load_weights(GgufSource(file), backend, hp, globals, per_layer);
 }
 
 }  // namespace kiln

@@ -17,6 +17,8 @@ class File;
 
 namespace kiln {
 
+class ModelSource;
+
 // Every per-layer weight any architecture uses; fields an architecture does not list stay
 // empty views. Add fields here when a new architecture needs them.
 struct LayerWeights {
@@ -66,7 +68,9 @@ struct LayerWeightSpec {
 };
 
 // Loads the weights the tables name; throws for a missing required tensor or a tensor in
-// the file no table entry uses.
+// the source no table entry uses.
+ModelWeights load_weights(const ModelSource& source, Backend& backend, const HParams& hp,
+                          std::span<const GlobalWeightSpec> globals, std::span<const LayerWeightSpec> per_layer);
 ModelWeights load_weights(const gguf::File& file, Backend& backend, const HParams& hp,
                           std::span<const GlobalWeightSpec> globals, std::span<const LayerWeightSpec> per_layer);
 

@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "formats/gguf.h"
 #include "model/model.h"
+#include "model/source.h"
 
 namespace kiln::testing {
 
@@ -49,15 +50,16 @@ inline int32_t argmax_row(const float* x, int64_t n) {
   return int32_t(best);
 }
 
-// A model on the CPU backend with its own cache.
+// A model on the CPU backend with its own cache: a GGUF file or a checkpoint directory.
 struct LoadedModel {
-  std::unique_ptr<gguf::File> file;
+  std::unique_ptr<ModelSource> source;
+  const gguf::File* file = nullptr;  // when the source is a GGUF file
   std::unique_ptr<CpuBackend> backend;
   std::unique_ptr<Model> model;
 
   explicit LoadedModel(const std::filesystem::path& path)
-      : file(gguf::File::open(path.string())), backend(std::make_unique<CpuBackend>()),
-        model(Model::load(*file, *backend)) {}
+      : source(open_model_source(path.string())), file(source->gguf_file()), backend(std::make_unique<CpuBackend>()),
+        model(Model::load(*source, *backend)) {}
 
   int vocab() const { return model->hparams().n_vocab; }
 

@@ -1,0 +1,305 @@
+// Models loaded straight from Hugging Face checkpoints (testdata/arch/hf/<name>/: config.json
+// + model.safetensors, the same weights as arch/<name>.gguf):
+//   - logits of the reference ids vs HF transformers' (relative L2 <= 1e-4 per position),
+//     greedy continuation equal to HF generate's;
+//   - the checkpoint-loaded and GGUF-loaded models agree (<= 1e-5), and every tensor the
+//     checkpoint source makes equals the converter's, transforms included;
+//   - damaged checkpoints (missing, extra, duplicated, misshapen tensors, no config) fail
+//     with errors that name the tensor.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include <unistd.h>
+
+#include "formats/safetensors.h"
+#include "model/hf_checkpoint.h"
+#include "model_test_util.h"
+#include "support/testdata.h"
+
+namespace kiln::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+class HfCheckpoint : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfCheckpoint, PrefillLogitsMatchTransformers) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
+  KILN_REQUIRE_TESTDATA(dir, "arch/hf/" + name + "/config.json");
+  const nlohmann::json ref = read_json(ref_path);
+  KILN_REQUIRE_TESTDATA(logits_path, "arch/" + ref["logits_file"].get<std::string>());
+  const std::vector<float> expected = read_f32_file(logits_path);
+  const int64_t rows = ref["logits_shape"][0], vocab = ref["logits_shape"][1];
+  const int64_t first = ref["logits_first_position"];
+
+  LoadedModel m(dir.parent_path());
+  ASSERT_EQ(m.source->format(), SourceFormat::HfCheckpoint);
+  ASSERT_EQ(m.vocab(), vocab);
+  const std::vector<float> logits = m.prefill_logits(to_ids(ref["ids"]));
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* ours = logits.data() + (first + r) * vocab;
+    const float* theirs = expected.data() + r * vocab;
+    const double err = relative_l2(ours, theirs, vocab);
+    worst = std::max(worst, err);
+    EXPECT_LE(err, 1e-4) << name << " position " << first + r << ": logit[0] ours " << ours[0] << " theirs "
+                         << theirs[0] << ", argmax ours " << argmax_row(ours, vocab) << " theirs "
+                         << argmax_row(theirs, vocab);
+  }
+  std::printf("[ %s from checkpoint ] max relative L2 error vs transformers over %lld positions: %.3g\n",
+              name.c_str(), (long long)rows, worst);
+}
+
+TEST_P(HfCheckpoint, GreedyDecodeMatchesTransformers) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
+  KILN_REQUIRE_TESTDATA(dir, "arch/hf/" + name + "/config.json");
+  const nlohmann::json ref = read_json(ref_path);
+  const std::vector<int32_t> expected = to_ids(ref["greedy_continuation_ids"]);
+  LoadedModel m(dir.parent_path());
+  const std::vector<int32_t> got = m.greedy(to_ids(ref["greedy_prompt_ids"]), int(expected.size()));
+  for (size_t i = 0; i < expected.size(); ++i)
+    EXPECT_EQ(got[i], expected[i]) << name << " continuation token " << i;
+}
+
+TEST_P(HfCheckpoint, AgreesWithTheConvertedGguf) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
+  KILN_REQUIRE_TESTDATA(gguf_path, "arch/" + name + ".gguf");
+  KILN_REQUIRE_TESTDATA(dir, "arch/hf/" + name + "/config.json");
+  const nlohmann::json ref = read_json(ref_path);
+  LoadedModel hf(dir.parent_path()), gg(gguf_path);
+  ASSERT_EQ(hf.vocab(), gg.vocab());
+  const std::vector<int32_t> ids = to_ids(ref["ids"]);
+  const std::vector<float> a = hf.prefill_logits(ids), b = gg.prefill_logits(ids);
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t r = 0; r < ids.size(); ++r) {
+    const double err = relative_l2(a.data() + r * size_t(hf.vocab()), b.data() + r * size_t(hf.vocab()), hf.vocab());
+    worst = std::max(worst, err);
+    EXPECT_LE(err, 1e-5) << name << " position " << r;
+  }
+  std::printf("[ %s ] checkpoint vs GGUF: max relative L2 %.3g\n", name.c_str(), worst);
+}
+
+// Every tensor the checkpoint source makes (renamed, stacked, regrouped, +1, -exp) equals
+// the one llama.cpp's converter wrote — except llama's Wq/Wk, whose rows the converter
+// permutes for its rope pairing (kiln ropes HF's layout with the neox pairing instead).
+TEST_P(HfCheckpoint, TensorsEqualTheConverters) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(gguf_path, "arch/" + name + ".gguf");
+  KILN_REQUIRE_TESTDATA(dir, "arch/hf/" + name + "/config.json");
+  auto hf = open_model_source(dir.parent_path().string());
+  auto gg = open_model_source(gguf_path.string());
+  CpuBackend backend;
+  std::vector<std::string> names = hf->tensor_names(), gguf_names = gg->tensor_names();
+  std::sort(names.begin(), names.end());
+  std::sort(gguf_names.begin(), gguf_names.end());
+  EXPECT_EQ(names, gguf_names);
+  int compared = 0;
+  for (const std::string& t : names) {
+    if (!gg->has_tensor(t)) continue;
+    const bool permuted = name == "llama" && (t.ends_with("attn_q.weight") || t.ends_with("attn_k.weight"));
+    EXPECT_EQ(*hf->tensor_shape(t), *gg->tensor_shape(t)) << t;
+    const Tensor x = hf->load_tensor(t, backend), y = gg->load_tensor(t, backend);
+    ASSERT_EQ(x.dtype, GgmlType::F32) << t;
+    ASSERT_EQ(x.elements(), y.elements()) << t;
+    if (permuted) continue;
+    const float* p = x.as<float>();
+    const float* q = y.as<float>();
+    for (int64_t i = 0; i < x.elements(); ++i) {
+      // -exp(A_log): the converter rounds exp in float32, kiln in double.
+      if (std::abs(p[i] - q[i]) > 1e-6f * std::max(1.0f, std::abs(q[i]))) {
+        ADD_FAILURE() << t << "[" << i << "]: checkpoint " << p[i] << ", GGUF " << q[i];
+        break;
+      }
+    }
+    ++compared;
+  }
+  std::printf("[ %s ] %d tensors equal the converter's\n", name.c_str(), compared);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, HfCheckpoint, ::testing::Values("llama", "qwen3moe", "qwen3next"));
+
+// Llama 3.1 rope scaling: the factors computed from config.json equal the rope_freqs
+// tensor the converter wrote.
+TEST(HfConfig, Llama3RopeFactorsMatchTheConverter) {
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/llama31-ropescale.ref.json");
+  KILN_REQUIRE_TESTDATA(gguf_path, "arch/llama31-ropescale.gguf");
+  const HfModelConfig config = translate_hf_config(read_json(ref_path)["hf_config"], ref_path.string());
+  ASSERT_TRUE(config.computed.count("rope_freqs.weight"));
+  const std::vector<float>& ours = config.computed.at("rope_freqs.weight");
+  auto file = gguf::File::open(gguf_path.string());
+  const gguf::TensorInfo* info = file->find_tensor("rope_freqs.weight");
+  ASSERT_TRUE(info);
+  ASSERT_EQ(info->type, GgmlType::F32);
+  ASSERT_EQ(int64_t(ours.size()), info->elements());
+  const float* theirs = reinterpret_cast<const float*>(info->data);
+  for (size_t i = 0; i < ours.size(); ++i)
+    EXPECT_NEAR(ours[i], theirs[i], 1e-6 * std::abs(theirs[i])) << "pair " << i;
+}
+
+TEST(HfConfig, TranslatesQwen3NextKeys) {
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/qwen3next.ref.json");
+  const HfModelConfig c = translate_hf_config(read_json(ref_path)["hf_config"], "qwen3next config");
+  auto get = [&](const std::string& key) {
+    const gguf::Value* v = c.metadata.find("qwen3next." + key);
+    EXPECT_TRUE(v) << key;
+    return v ? v->as_int(key) : -1;
+  };
+  EXPECT_EQ(c.arch, "qwen3next");
+  EXPECT_EQ(get("ssm.conv_kernel"), 4);
+  EXPECT_EQ(get("ssm.state_size"), 32);
+  EXPECT_EQ(get("ssm.group_count"), 2);
+  EXPECT_EQ(get("ssm.time_step_rank"), 4);
+  EXPECT_EQ(get("ssm.inner_size"), 128);
+  EXPECT_EQ(get("rope.dimension_count"), 16);  // partial_rotary_factor 0.25 of 64
+  EXPECT_EQ(get("expert_count"), 8);
+  EXPECT_EQ(get("expert_used_count"), 2);
+  EXPECT_EQ(get("expert_feed_forward_length"), 64);
+}
+
+TEST(HfConfig, RefusesWhatItCannotRun) {
+  auto message = [](const nlohmann::json& config) {
+    try {
+      translate_hf_config(config, "cfg");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const nlohmann::json base = {{"model_type", "llama"}, {"hidden_size", 64}, {"num_attention_heads", 2},
+                               {"num_hidden_layers", 1}};
+  EXPECT_NE(message(base).find("(no error)"), std::string::npos);
+  nlohmann::json c = base;
+  c["model_type"] = "bert";
+  EXPECT_NE(message(c).find("model_type \"bert\""), std::string::npos) << message(c);
+  c = base;
+  c["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+  EXPECT_NE(message(c).find("longrope"), std::string::npos) << message(c);
+  c = base;
+  c.erase("num_hidden_layers");
+  EXPECT_NE(message(c).find("num_hidden_layers"), std::string::npos) << message(c);
+  c = base;
+  c["hidden_act"] = "gelu";
+  EXPECT_NE(message(c).find("gelu"), std::string::npos) << message(c);
+}
+
+// ---- damaged checkpoints ------------------------------------------------------------
+
+struct OutTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+void write_safetensors(const fs::path& path, const std::vector<OutTensor>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  size_t offset = 0;
+  for (const OutTensor& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string text = header.dump();
+  while (text.size() % 8) text += ' ';
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t n = text.size();
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out.write(text.data(), std::streamsize(text.size()));
+  for (const OutTensor& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+}
+
+// Copies testdata checkpoint `name` into a temporary directory, letting `edit` change the
+// tensor list (and config.json) first; returns the error loading it gives, or "".
+std::string load_error(const fs::path& original, const std::string& label,
+                       const std::function<void(std::vector<OutTensor>&, nlohmann::json&)>& edit) {
+  auto ckpt = safetensors::Checkpoint::open(original.string());
+  std::vector<OutTensor> tensors;
+  for (const safetensors::Tensor* t : ckpt->tensors())
+    tensors.push_back({t->name, std::string(safetensors::dtype_name(t->dtype)), t->shape,
+                       std::vector<uint8_t>(t->data, t->data + t->bytes)});
+  nlohmann::json config = ckpt->config();
+  edit(tensors, config);
+  const fs::path dir = fs::temp_directory_path() / ("kiln_hf_" + label + "_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  write_safetensors(dir / "model.safetensors", tensors);
+  if (!config.is_null()) std::ofstream(dir / "config.json") << config.dump(2);
+  std::string error;
+  try {
+    LoadedModel m(dir);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  fs::remove_all(dir);
+  return error;
+}
+
+void drop(std::vector<OutTensor>& ts, const std::string& name) {
+  std::erase_if(ts, [&](const OutTensor& t) { return t.name == name; });
+}
+
+TEST(HfCheckpointErrors, DamagedCheckpointsNameTheTensor) {
+  KILN_REQUIRE_TESTDATA(llama, "arch/hf/llama/config.json");
+  KILN_REQUIRE_TESTDATA(moe, "arch/hf/qwen3moe/config.json");
+  KILN_REQUIRE_TESTDATA(next, "arch/hf/qwen3next/config.json");
+  struct Case {
+    const char* label;
+    fs::path dir;
+    std::function<void(std::vector<OutTensor>&, nlohmann::json&)> edit;
+    std::vector<std::string> expect;  // substrings of the error
+  };
+  const std::vector<Case> cases = {
+      {"intact", llama.parent_path(), [](auto&, auto&) {}, {}},
+      {"missing", llama.parent_path(),
+       [](auto& ts, auto&) { drop(ts, "model.layers.1.mlp.up_proj.weight"); },
+       {"blk.1.ffn_up.weight", "model.layers.1.mlp.up_proj.weight"}},
+      {"unknown", llama.parent_path(),
+       [](auto& ts, auto&) { ts.push_back({"model.layers.0.mlp.extra.weight", "F32", {4}, std::vector<uint8_t>(16)}); },
+       {"model.layers.0.mlp.extra.weight", "not used"}},
+      {"layer_beyond", llama.parent_path(),
+       [](auto& ts, auto&) {
+         ts.push_back({"model.layers.7.input_layernorm.weight", "F32", {128}, std::vector<uint8_t>(512)});
+       },
+       {"model.layers.7.input_layernorm.weight", "layer 7"}},
+      {"no_lm_head", llama.parent_path(), [](auto& ts, auto&) { drop(ts, "lm_head.weight"); },
+       {"lm_head.weight", "tie_word_embeddings"}},
+      {"no_config", llama.parent_path(), [](auto&, auto& cfg) { cfg = nullptr; }, {"config.json"}},
+      {"missing_expert", moe.parent_path(),
+       [](auto& ts, auto&) { drop(ts, "model.layers.1.mlp.experts.5.down_proj.weight"); },
+       {"expert 5", "blk.1.ffn_down_exps.weight"}},
+      {"expert_shape", moe.parent_path(),
+       [](auto& ts, auto&) {
+         for (OutTensor& t : ts)
+           if (t.name == "model.layers.0.mlp.experts.2.gate_proj.weight") {
+             t.shape = {32, 128};
+             t.bytes.resize(32 * 128 * 4);
+           }
+       },
+       {"model.layers.0.mlp.experts.2.gate_proj.weight"}},
+      {"qkvz_rows", next.parent_path(),
+       [](auto&, auto& cfg) { cfg["linear_value_head_dim"] = 16; },
+       {"in_proj_qkvz", "rows expected"}},
+      {"layer_types", next.parent_path(),
+       [](auto&, auto& cfg) { cfg["layer_types"][0] = "full_attention"; },
+       {"layer_types[0]"}},
+  };
+  for (const Case& c : cases) {
+    const std::string error = load_error(c.dir, c.label, c.edit);
+    if (c.expect.empty()) {
+      EXPECT_EQ(error, "") << c.label;
+      continue;
+    }
+    EXPECT_FALSE(error.empty()) << c.label << ": loaded without an error";
+    for (const std::string& s : c.expect) EXPECT_NE(error.find(s), std::string::npos) << c.label << ": " << error;
+    std::printf("[ %s ] %s\n", c.label, error.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
