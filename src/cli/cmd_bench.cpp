@@ -246,12 +246,14 @@ void run(const BenchCli& cli) {
   ModelFacts facts;
   facts.filename = cli.model.path;
   if (auto* cpu = dynamic_cast<CpuBackend*>(m.backend.get())) facts.threads = cpu->pool().size();
-  for (const gguf::TensorInfo& t : m.file->tensors()) {
-    facts.size += t.bytes;
-    facts.n_params += uint64_t(t.elements());
+  if (m.file) {
+    for (const gguf::TensorInfo& t : m.file->tensors()) {
+      facts.size += t.bytes;
+      facts.n_params += uint64_t(t.elements());
+    }
   }
   facts.type = fmt::format("{} {} {}", m.model->hparams().arch, size_label(facts.n_params),
-                           file_type_name(m.file->get_int("general.file_type", 0)));
+                           m.file ? file_type_name(m.file->get_int("general.file_type", 0)) : "checkpoint");
 
   Bench bench(*m.model, m.n_ctx, cli.seed);
   std::vector<TestResult> results;

@@ -54,7 +54,8 @@ void run(const ChatCli& cli) {
   const Tokenizer& tokenizer = *m.tokenizer;
   const std::string bos = token_text_or_empty(tokenizer, tokenizer.special().bos);
   const std::string eos = token_text_or_empty(tokenizer, tokenizer.special().eos);
-  const std::string_view source = m.file->get_string("tokenizer.chat_template", "");
+  // (A checkpoint directory's template is not read yet: it gets the plain transcript.)
+  const std::string_view source = m.file ? m.file->get_string("tokenizer.chat_template", "") : "";
   GenerationOptions options;
   options.max_tokens = cli.n_predict;
   if (source.empty()) {

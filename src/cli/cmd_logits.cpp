@@ -1,4 +1,5 @@
-// `kiln logits -m MODEL --ids "1 2 3" -o OUT.f32`: runs the token ids through the model as
+// `kiln logits -m MODEL --ids "1 2 3" -o OUT.f32`: runs the token ids through the model (a
+// GGUF file or a checkpoint directory, which needs no tokenizer files for this) as
 // one sequence and writes the logits of every position as raw float32 (n_ids x n_vocab,
 // row-major, little-endian) — the format of the reference dumps in testdata, so the two
 // can be compared directly.
@@ -18,6 +19,7 @@
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/model.h"
+#include "model/source.h"
 
 namespace kiln::cli {
 
@@ -54,12 +56,12 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 void run(const Options& o) {
   const std::vector<int32_t> ids = parse_ids(o.ids);
-  auto file = gguf::File::open(o.model);
+  auto source = open_model_source(o.model);  // a GGUF file, or a checkpoint directory
   BackendOptions bo;
   bo.threads = o.threads;
   const std::unique_ptr<Backend> device = make_backend(o.device, bo);
   Backend& backend = *device;
-  auto model = Model::load(*file, backend);
+  auto model = Model::load(*source, backend);
   const int n_vocab = model->hparams().n_vocab;
   KvCache cache(backend, model->cache_config(int(ids.size())));
   const int seq = cache.add_sequence();
@@ -86,7 +88,7 @@ void run(const Options& o) {
 void register_logits(CLI::App& app) {
   auto options = std::make_shared<logits_cmd::Options>();
   CLI::App* cmd = app.add_subcommand("logits", "Write the logits of every position of a token sequence (raw f32)");
-  cmd->add_option("-m,--model", options->model, "GGUF model file")->required();
+  cmd->add_option("-m,--model", options->model, "GGUF model file or Hugging Face checkpoint directory")->required();
   cmd->add_option("--ids", options->ids, "token ids, separated by spaces or commas")->required();
   cmd->add_option("-o,--output", options->output, "output file: n_ids x n_vocab float32")->required();
   cmd->add_option("-t,--threads", options->threads, "CPU threads (0: one per core)");

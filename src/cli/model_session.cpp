@@ -8,11 +8,12 @@
 
 #include "core/error.h"
 #include "runtime/memory_estimate.h"
+#include "tokenizer/hf_files.h"
 
 namespace kiln::cli {
 
 void add_model_options(CLI::App* cmd, ModelOptions& o, bool with_context) {
-  cmd->add_option("-m,--model", o.path, "Model file (GGUF)")->required();
+  cmd->add_option("-m,--model", o.path, "Model: a GGUF file or a Hugging Face checkpoint directory")->required();
   cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
   cmd->add_option("--device", o.device, "auto (the GPU when one is usable), cpu or cuda")->capture_default_str();
   if (!with_context) return;
@@ -21,15 +22,26 @@ void add_model_options(CLI::App* cmd, ModelOptions& o, bool with_context) {
   cmd->add_option("-b,--batch-size", o.max_batch, "Most prompt tokens run in one forward pass")->capture_default_str();
 }
 
+// The tokenizer files beside a checkpoint (tokenizer.json, tokenizer.model, vocab.json +
+// merges.txt). A checkpoint may have none: the model still runs on token ids (kiln logits).
+Tokenizer checkpoint_tokenizer(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  try {
+    return load_tokenizer(dir);
+  } catch (const Error& e) {
+    fail("{}\n(this command needs a tokenizer to read text; `kiln logits -m {} --ids ...` runs the model on token "
+         "ids without one)", e.what(), path);
+  }
+}
+
 LoadedModel load_model(const ModelOptions& o, bool with_tokenizer) {
   namespace fs = std::filesystem;
   const auto start = std::chrono::steady_clock::now();
-  if (fs::is_directory(o.path))
-    fail("{} is a directory: kiln runs GGUF files for now (loading Hugging Face checkpoint directories is not "
-         "implemented yet)", o.path);
   LoadedModel m;
-  m.file = gguf::File::open(o.path);
-  const HParams hp = HParams::from_gguf(*m.file);
+  m.source = open_model_source(o.path);  // a GGUF file, or a checkpoint directory
+  m.file = m.source->gguf_file();
+  const HParams hp = HParams::from_source(*m.source);
   KILN_CHECK(o.n_ctx >= 0, "context size {} is negative", o.n_ctx);
   m.n_ctx = o.n_ctx > 0 ? o.n_ctx : (hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096);
   check_memory_fits(estimate_memory(hp, m.n_ctx, o.max_batch), m.n_ctx);
@@ -37,8 +49,8 @@ LoadedModel load_model(const ModelOptions& o, bool with_tokenizer) {
   BackendOptions bo;
   bo.threads = o.threads;
   m.backend = make_backend(o.device, bo);
-  m.model = Model::load(*m.file, *m.backend);
-  if (with_tokenizer) m.tokenizer.emplace(Tokenizer::from_gguf(*m.file));
+  m.model = Model::load(*m.source, *m.backend);
+  if (with_tokenizer) m.tokenizer.emplace(m.file ? Tokenizer::from_gguf(*m.file) : checkpoint_tokenizer(o.path));
   m.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return m;
 }

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "formats/gguf.h"
 #include "model/model.h"
+#include "model/source.h"
 #include "runtime/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,7 +29,8 @@ struct ModelOptions {
 void add_model_options(CLI::App* cmd, ModelOptions& options, bool with_context = true);
 
 struct LoadedModel {
-  std::unique_ptr<gguf::File> file;
+  std::unique_ptr<ModelSource> source;  // a GGUF file or a Hugging Face checkpoint directory
+  const gguf::File* file = nullptr;     // the GGUF file, when the model is one
   std::unique_ptr<Backend> backend;  // see ModelOptions::device
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
