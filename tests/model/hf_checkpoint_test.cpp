@@ -16,6 +16,7 @@
 
 #include <unistd.h>
 
+#include "core/half.h"
 #include "formats/safetensors.h"
 #include "model/hf_checkpoint.h"
 #include "model_test_util.h"
@@ -299,6 +300,62 @@ TEST(HfCheckpointErrors, DamagedCheckpointsNameTheTensor) {
     for (const std::string& s : c.expect) EXPECT_NE(error.find(s), std::string::npos) << c.label << ": " << error;
     std::printf("[ %s ] %s\n", c.label, error.c_str());
   }
+}
+
+// The checkpoint with every value rounded to bfloat16, stored as BF16 (as most checkpoints
+// are shipped) or as F32; returns the logits of `ids` and checks the weight types.
+std::vector<float> rounded_checkpoint_logits(const fs::path& original, bool store_bf16,
+                                             const std::vector<int32_t>& ids) {
+  auto ckpt = safetensors::Checkpoint::open(original.string());
+  std::vector<OutTensor> tensors;
+  for (const safetensors::Tensor* t : ckpt->tensors()) {
+    OutTensor o{t->name, store_bf16 ? "BF16" : "F32", t->shape, {}};
+    for (int64_t i = 0; i < t->elements(); ++i) {
+      float f;
+      std::memcpy(&f, t->data + size_t(i) * 4, 4);
+      const uint16_t h = f32_to_bf16(f);
+      const float rounded = bf16_to_f32(h);
+      const auto* p = store_bf16 ? reinterpret_cast<const uint8_t*>(&h) : reinterpret_cast<const uint8_t*>(&rounded);
+      o.bytes.insert(o.bytes.end(), p, p + (store_bf16 ? 2 : 4));
+    }
+    tensors.push_back(std::move(o));
+  }
+  const fs::path dir = fs::temp_directory_path() /
+                       ("kiln_hf_" + std::string(store_bf16 ? "bf16_" : "f32_") + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  write_safetensors(dir / "model.safetensors", tensors);
+  std::ofstream(dir / "config.json") << ckpt->config().dump(2);
+  std::vector<float> logits;
+  {
+    LoadedModel m(dir);
+    const LayerWeights& l0 = m.model->weights().layers[0];
+    const GgmlType matrix = store_bf16 ? GgmlType::BF16 : GgmlType::F32;
+    EXPECT_EQ(l0.exp_gate.dtype, matrix);   // experts stacked in their own type
+    EXPECT_EQ(l0.ssm_qkv.dtype, matrix);    // in_proj_qkvz regrouped in its own type
+    EXPECT_EQ(l0.ssm_a.dtype, GgmlType::F32);
+    EXPECT_EQ(l0.ssm_conv.dtype, GgmlType::F32);
+    EXPECT_EQ(l0.attn_norm.dtype, GgmlType::F32);
+    logits = m.prefill_logits(ids);
+  }
+  fs::remove_all(dir);
+  return logits;
+}
+
+// A bf16 checkpoint gives the logits of the same values stored as f32: what differs is
+// only the widening at load and the bf16 matmul path.
+TEST(HfCheckpointDtypes, Bf16CheckpointMatchesItsValuesInF32) {
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/qwen3next.ref.json");
+  KILN_REQUIRE_TESTDATA(config, "arch/hf/qwen3next/config.json");
+  const std::vector<int32_t> ids = to_ids(read_json(ref_path)["ids"]);
+  const std::vector<float> a = rounded_checkpoint_logits(config.parent_path(), true, ids);
+  const std::vector<float> b = rounded_checkpoint_logits(config.parent_path(), false, ids);
+  ASSERT_EQ(a.size(), b.size());
+  const int64_t vocab = int64_t(a.size() / ids.size());
+  double worst = 0;
+  for (size_t r = 0; r < ids.size(); ++r)
+    worst = std::max(worst, relative_l2(a.data() + r * size_t(vocab), b.data() + r * size_t(vocab), vocab));
+  EXPECT_LE(worst, 1e-5);
+  std::printf("[ qwen3next bf16 checkpoint ] vs the same values in f32: max relative L2 %.3g\n", worst);
 }
 
 }  // namespace
