@@ -4,8 +4,11 @@
 //     greedy continuation equal to HF generate's;
 //   - the checkpoint-loaded and GGUF-loaded models agree (<= 1e-5), and every tensor the
 //     checkpoint source makes equals the converter's, transforms included;
-//   - damaged checkpoints (missing, extra, duplicated, misshapen tensors, no config) fail
-//     with errors that name the tensor.
+//   - damaged checkpoints (missing, extra, misshapen tensors, no config) fail with errors
+//     that name the tensor;
+//   - a bf16 checkpoint runs as its values in f32;
+//   - qwen2, qwen3, mixtral and Llama 3.1 rope scaling (no checkpoint in testdata) from a
+//     checkpoint rebuilt out of the converted GGUF, against HF's logits.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -357,6 +360,96 @@ TEST(HfCheckpointDtypes, Bf16CheckpointMatchesItsValuesInF32) {
   EXPECT_LE(worst, 1e-5);
   std::printf("[ qwen3next bf16 checkpoint ] vs the same values in f32: max relative L2 %.3g\n", worst);
 }
+
+// The architectures without a checkpoint in testdata: a checkpoint is rebuilt from the
+// converted GGUF by undoing the converter (names through the table in reverse, experts
+// unstacked, llama's Wq/Wk rows un-permuted), with the config.json HF used; it must give
+// HF's logits. This checks the config translation (biases, q/k norms, num_local_experts,
+// llama3 rope scaling computed from the config) end to end.
+class RebuiltCheckpoint : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RebuiltCheckpoint, LogitsMatchTransformers) {
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
+  KILN_REQUIRE_TESTDATA(gguf_path, "arch/" + name + ".gguf");
+  const nlohmann::json ref = read_json(ref_path);
+  KILN_REQUIRE_TESTDATA(logits_path, "arch/" + ref["logits_file"].get<std::string>());
+  const nlohmann::json config = ref["hf_config"];
+  const HfModelConfig translated = translate_hf_config(config, name);
+  const HfTensorTable* table = find_hf_tensor_table(translated.arch);
+  ASSERT_TRUE(table);
+  const int64_t head_dim = config["head_dim"];
+
+  auto file = gguf::File::open(gguf_path.string());
+  std::vector<OutTensor> tensors;
+  for (const gguf::TensorInfo& t : file->tensors()) {
+    if (t.name == "rope_freqs.weight") continue;  // computed from config.json instead
+    ASSERT_EQ(t.type, GgmlType::F32) << t.name;
+    // "blk.3.attn_q.weight" -> pattern "blk.{L}.attn_q.weight", layer 3.
+    std::string pattern = t.name, layer;
+    if (t.name.starts_with("blk.")) {
+      const size_t dot = t.name.find('.', 4);
+      layer = t.name.substr(4, dot - 4);
+      pattern = "blk.{L}" + t.name.substr(dot);
+    }
+    const HfTensorRule* rule = nullptr;
+    for (const HfTensorRule& r : table->rules)
+      if (pattern == r.gguf) rule = &r;
+    ASSERT_TRUE(rule) << t.name << ": no rule";
+    std::string hf = rule->hf;
+    if (size_t at = hf.find("{L}"); at != std::string::npos) hf.replace(at, 3, layer);
+    const std::vector<int64_t> shape(t.shape.rbegin(), t.shape.rend());  // outermost first
+    const size_t bytes = t.bytes;
+    if (size_t at = hf.find("{E}"); at != std::string::npos) {
+      const size_t per = bytes / size_t(shape[0]);
+      for (int64_t e = 0; e < shape[0]; ++e) {
+        std::string expert = hf;
+        expert.replace(at, 3, std::to_string(e));
+        tensors.push_back({expert, "F32", {shape[1], shape[2]}, std::vector<uint8_t>(t.data + e * per, t.data + (e + 1) * per)});
+      }
+      continue;
+    }
+    OutTensor o{hf, "F32", shape, std::vector<uint8_t>(t.data, t.data + bytes)};
+    if (translated.arch == "llama" && (pattern.ends_with("attn_q.weight") || pattern.ends_with("attn_k.weight"))) {
+      // The converter put HF row h*hd + i at h*hd + 2i and h*hd + hd/2 + i at h*hd + 2i + 1.
+      const size_t row = bytes / size_t(shape[0]);
+      for (int64_t r = 0; r < shape[0]; ++r) {
+        const int64_t h = r / head_dim, i = r % head_dim;
+        const int64_t from = h * head_dim + (i < head_dim / 2 ? 2 * i : 2 * (i - head_dim / 2) + 1);
+        std::memcpy(o.bytes.data() + size_t(r) * row, t.data + size_t(from) * row, row);
+      }
+    }
+    tensors.push_back(std::move(o));
+  }
+  const fs::path dir = fs::temp_directory_path() / ("kiln_hf_rebuilt_" + name + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  write_safetensors(dir / "model.safetensors", tensors);
+  std::ofstream(dir / "config.json") << config.dump(2);
+  std::vector<float> logits;
+  {
+    LoadedModel m(dir);
+    logits = m.prefill_logits(to_ids(ref["ids"]));
+  }
+  fs::remove_all(dir);
+  const std::vector<float> expected = read_f32_file(logits_path);
+  const int64_t rows = ref["logits_shape"][0], vocab = ref["logits_shape"][1];
+  const int64_t first = ref["logits_first_position"];
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double err = relative_l2(logits.data() + (first + r) * vocab, expected.data() + r * vocab, vocab);
+    worst = std::max(worst, err);
+    EXPECT_LE(err, 1e-4) << name << " position " << first + r;
+  }
+  std::printf("[ %s rebuilt checkpoint ] max relative L2 vs transformers: %.3g\n", name.c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, RebuiltCheckpoint, ::testing::Values("qwen2", "qwen3", "mixtral", "llama31-ropescale"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& c : s)
+                             if (c == '-') c = '_';
+                           return s;
+                         });
 
 }  // namespace
 }  // namespace kiln::testing
