@@ -153,6 +153,20 @@ TEST_P(MatvecTest, PaddedRowsFusedAddAndBlockShapes) {
       check_matvec(type, {37, 2816}, 0, warps_per_row == 2, rows_per_warp, warps_per_row, seed++);
 }
 
+// Widths of whole 256-element groups (the grouped q4_0 / q8_0 kernel): 16 groups (two rows
+// per warp), 56 (a full and a partial chunk of 32 groups), 17; rows that leave a task half
+// empty; the fused addend.
+TEST_P(MatvecTest, LlamaShapesAndGroupedWidths) {
+  KILN_REQUIRE_GPU();
+  const GgmlType type = GetParam();
+  if (traits(type).block_size != 32 && type != GgmlType::Q4_K && type != GgmlType::Q6_K) GTEST_SKIP();
+  uint64_t seed = 9000 + uint64_t(type) * 100;
+  check_matvec(type, {1, 4096}, 0, false, 0, 0, seed++);
+  check_matvec(type, {301, 4096}, 0, true, 0, 0, seed++);
+  check_matvec(type, {33, 14336}, 0, false, 0, 0, seed++);
+  check_matvec(type, {67, 17 * 256}, 0, true, 0, 0, seed++);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatvecTest,
                          ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
                                            GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,

@@ -166,6 +166,7 @@ Tensor CudaBackend::owned_weight(const Tensor& src, std::string_view name) {
 void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
   KILN_CHECK(dst.device == Device::Cuda, "cuda upload: {} is not device memory", dst.name);
   graphs_->flush();  // ops recorded before this upload must see the old contents
+  quantized_input_ = {};
   if (bytes > pinned_bytes_ / 2) {
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     check(cudaMemcpy(dst.data, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
@@ -199,6 +200,7 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch,
                          const char* op) {
+  quantized_input_ = {};
   graphs_->add(sig, tokens, std::move(launch), op);
 }
 

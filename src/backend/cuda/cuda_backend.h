@@ -90,6 +90,17 @@ class CudaBackend final : public Backend {
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
   void add_bias(const Tensor& bias, Tensor& out);
 
+  // The int8 copy of the last quantized matmul's input: the next matmul over the same x
+  // (q/k/v share the attention norm's output, gate/up the ffn norm's) reuses it instead of
+  // quantizing again. Any other recorded op or upload forgets it (it may write x).
+  struct QuantizedInput {
+    const float* x = nullptr;
+    int64_t cols = 0, tokens = 0, stride = 0;
+    void* q8 = nullptr;
+    bool operator==(const QuantizedInput&) const = default;
+  };
+  QuantizedInput quantized_input_;
+
   CudaOptions options_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
@@ -98,7 +109,7 @@ class CudaBackend final : public Backend {
   size_t pinned_bytes_ = 0, pinned_used_ = 0;
   std::vector<void*> device_allocations_;  // weights, retired scratch
   size_t weight_bytes_ = 0;
-  Scratch matmul_scratch_, attention_scratch_, tables_scratch_, moe_scratch_, argmax_scratch_,
+  Scratch q8_scratch_, matmul_scratch_, attention_scratch_, tables_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;
   int device_sms_ = 0;
 };

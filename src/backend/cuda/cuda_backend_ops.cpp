@@ -163,6 +163,39 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
   const void* wp = w.data;
   const int64_t w_row = int64_t(w.nb[1]);
 
+  if (T <= kMatvecMaxTokens && cuda::matvec_supports(type) && !float_weights) {
+    const float* bp = nullptr;
+    if (!bias.empty()) {
+      require_f32(bias, "matmul", "bias");
+      KILN_CHECK(bias.elements() == N, "cuda matmul: bias {} has {} elements for {} outputs", bias.name,
+                 bias.elements(), N);
+      bp = bias.as<float>();
+    }
+    // One int8 copy of each input row, kept for the matmuls that follow over the same x.
+    const size_t per_token = (cuda::matvec_scratch_bytes(type, K) + 255) / 256 * 256;
+    auto* q8 = static_cast<uint8_t*>(scratch(q8_scratch_, per_token * kMatvecMaxTokens));
+    const QuantizedInput input{xp, K, T, xs, q8};
+    const bool reuse = quantized_input_ == input;
+    record(Sig(Op::Matmul).t(x).t(w).t(bias).t(out).v(reuse).h, T, [=](cudaStream_t s) {
+      for (int64_t t = 0; t < T; ++t) {
+        const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
+        if (!reuse)
+          if (cuda::Status st = cuda::quantize_q8(xp + t * xs, K, xq, s); !st.ok()) return st;
+        cuda::MatvecArgs a;
+        a.type = type, a.w = wp, a.w_row_bytes = w_row, a.rows = N, a.cols = K;
+        a.x = xp + t * xs, a.add = bp, a.y = yp + t * ys;
+        if (cuda::Status st = cuda::matvec_q8(a, xq, s); !st.ok()) return st;
+      }
+      return cuda::Status();
+    }, "matmul");
+    // Keep the int8 copy unless this product overwrote its own input.
+    const auto* x_begin = reinterpret_cast<const uint8_t*>(xp);
+    const auto* x_end = x_begin + size_t((T - 1) * xs + K) * sizeof(float);
+    const auto* y_begin = reinterpret_cast<const uint8_t*>(yp);
+    const auto* y_end = y_begin + size_t((T - 1) * ys + N) * sizeof(float);
+    if (y_end <= x_begin || x_end <= y_begin) quantized_input_ = input;
+    return;
+  }
   if (T <= kMatvecMaxTokens && cuda::matvec_supports(type)) {
     const size_t need = cuda::matvec_scratch_bytes(type, K);
     void* sp = need ? scratch(matmul_scratch_, need) : nullptr;
@@ -246,9 +279,10 @@ void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& p) 
   }
   a.ext_factor = p.yarn.ext_factor, a.attn_factor = p.yarn.attn_factor;
   a.beta_fast = p.yarn.beta_fast, a.beta_slow = p.yarn.beta_slow, a.n_ctx_orig = p.yarn.n_ctx_orig;
+  a.yarn_truncate = p.yarn.truncate;
   Sig sig(Op::Rope);
   sig.t(x).t(positions).v(a.freq_factors).v(p.n_rot).v(p.style).v(p.freq_base).v(p.freq_scale);
-  sig.v(p.yarn.ext_factor).v(p.yarn.attn_factor).v(p.yarn.beta_fast).v(p.yarn.beta_slow).v(p.yarn.n_ctx_orig);
+  sig.v(p.yarn.ext_factor).v(p.yarn.attn_factor).v(p.yarn.beta_fast).v(p.yarn.beta_slow).v(p.yarn.n_ctx_orig).v(p.yarn.truncate);
   record(sig.h, x.ne[2], [=](cudaStream_t s) { return cuda::rope(a, s); }, "rope");
 }
 

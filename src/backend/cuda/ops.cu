@@ -235,9 +235,10 @@ Status rope(const RopeArgs& a, cudaStream_t stream) {
   detail::RopeConstants c;
   if (a.ext_factor != 0.0f) {
     if (a.n_ctx_orig <= 0) return Status::invalid("rope: YaRN needs the original context length");
-    c.corr_low = std::max(0.0f, std::floor(detail::correction_dim(a.n_rot, a.n_ctx_orig, a.beta_fast, a.freq_base)));
-    c.corr_high = std::min(float(a.n_rot - 1),
-                           std::ceil(detail::correction_dim(a.n_rot, a.n_ctx_orig, a.beta_slow, a.freq_base)));
+    const float low = detail::correction_dim(a.n_rot, a.n_ctx_orig, a.beta_fast, a.freq_base);
+    const float high = detail::correction_dim(a.n_rot, a.n_ctx_orig, a.beta_slow, a.freq_base);
+    c.corr_low = std::max(0.0f, a.yarn_truncate ? std::floor(low) : low);
+    c.corr_high = std::min(float(a.n_rot - 1), a.yarn_truncate ? std::ceil(high) : high);
     c.mscale_yarn = 1.0f + 0.1f * std::log(1.0f / a.freq_scale);
   }
   detail::rope_kernel<<<unsigned(a.n_tokens), 128, 0, stream>>>(a, c);

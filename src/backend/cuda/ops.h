@@ -41,6 +41,7 @@ struct RopeArgs {
   // YaRN (ext_factor 0: off).
   float ext_factor = 0.0f, attn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f;
   int n_ctx_orig = 0;
+  bool yarn_truncate = true;  // round the correction dims to whole dims (ggml, HF); gpt-oss: false
 };
 Status rope(const RopeArgs& args, cudaStream_t stream);
 

@@ -1,0 +1,236 @@
+// Decode matvec for q4_0 and q8_0 weights read in groups of 8 blocks (see matvec.h for the
+// contract; matvec_q8 takes this path when matvec_grouped_fits says so).
+//
+// Why groups: q4_0 (18 bytes) and q8_0 (34 bytes) blocks are only 2-byte aligned, so a lane
+// that reads one block at a time needs many narrow loads and shifts (v1-v3 of the q8 kernel
+// spent ~5 instructions per weight). Eight consecutive blocks are 144 / 272 bytes, a multiple
+// of 16: a lane that owns 8 blocks reads them with 9 / 17 aligned 16-byte shared-memory loads
+// (lanes 144 / 272 bytes apart: an odd number of 16-byte units, so no bank conflicts), and
+// every field's place inside the group is a compile-time constant after unrolling.
+//
+// Work split: a block of kWarps warps stays resident (grid sized to the resident capacity)
+// and its warps take "tasks" in turn: a task is one row (rows with more than 16 groups; 32
+// lanes, one group each per chunk) or two rows (16 lanes per row). Each warp copies its next
+// chunk of weights into shared memory with 16-byte asynchronous copies while it computes the
+// current one (2 stages). The quantized x is copied once per block into shared memory, laid
+// out with 16 bytes of padding per group so that the lanes' reads are conflict-free too.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/matvec_grouped.h"
+
+namespace kiln::cuda {
+namespace detail {
+
+constexpr int kGroupBlocks = 8;                      // blocks of 32 per group
+constexpr int kGroupElems = 32 * kGroupBlocks;       // 256 weights
+constexpr int kGroupedWarps = 8;
+constexpr int kGroupedThreads = kGroupedWarps * kWarpSize;
+constexpr int kGroupedStages = 2;
+constexpr int kXGroupBytes = kGroupElems + 16;       // int8 x of one group + padding
+constexpr int kDsGroupBytes = kGroupBlocks * 8 + 16; // (d, d * sum) of its 8 blocks + padding
+
+// The 32-bit word at byte `b` of the group held in registers (b even; 2-byte offsets take a
+// funnel shift). Only compile-time b after unrolling, so g stays in registers.
+template <int N>
+__device__ __forceinline__ uint32_t word_at(const uint32_t (&g)[N], int b) {
+  if (b % 4 == 0) return g[b / 4];
+  return __funnelshift_r(g[b / 4], g[b / 4 + 1], 8 * (b % 4));
+}
+template <int N>
+__device__ __forceinline__ uint32_t half_at(const uint32_t (&g)[N], int b) {
+  return (g[b / 4] >> (8 * (b % 4))) & 0xffffu;
+}
+
+// Block j of a group in registers, dotted with the 8 words of int8 x of that block.
+struct GroupQ4_0 {
+  static constexpr int kBlockBytes = 18;
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int base = kBlockBytes * j;
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t q = word_at(g, base + 2 + 4 * k);  // elements 4k.. (low) and 16+4k.. (high)
+      sum = dot4(int(q & 0x0F0F0F0Fu), x[k], sum);
+      sum = dot4(int((q >> 4) & 0x0F0F0F0Fu), x[k + 4], sum);
+    }
+    return half_to_float(half_at(g, base)) * (ds.x * float(sum) - 8.0f * ds.y);
+  }
+};
+
+struct GroupQ8_0 {
+  static constexpr int kBlockBytes = 34;
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int base = kBlockBytes * j;
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum = dot4(int(word_at(g, base + 2 + 4 * k)), x[k], sum);
+    return half_to_float(half_at(g, base)) * ds.x * float(sum);
+  }
+};
+
+template <typename Fmt>
+constexpr int group_bytes() { return Fmt::kBlockBytes * kGroupBlocks; }
+
+template <typename Fmt>
+size_t grouped_smem_bytes(int64_t cols) {
+  const int64_t groups = cols / kGroupElems;
+  return size_t(groups) * (kXGroupBytes + kDsGroupBytes) +
+         size_t(kGroupedWarps) * kGroupedStages * kWarpSize * group_bytes<Fmt>();
+}
+
+// kLanesPerRow: 32 (one row per task) or 16 (two rows per task).
+template <typename Fmt, int kLanesPerRow>
+__global__ void __launch_bounds__(kGroupedThreads)
+    matvec_grouped_kernel(const uint8_t* __restrict__ w, int64_t w_row_bytes, int rows, int groups,
+                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, const float* add, float* y) {
+  constexpr int kG = group_bytes<Fmt>();
+  constexpr int kUnits = kG / 16;
+  constexpr int kSlots = kWarpSize / kLanesPerRow;  // rows per task
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* x_s = smem;                                   // [groups][kXGroupBytes]
+  uint8_t* ds_s = x_s + size_t(groups) * kXGroupBytes;   // [groups][kDsGroupBytes]
+  uint8_t* stages = ds_s + size_t(groups) * kDsGroupBytes;
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int slot = lane / kLanesPerRow, li = lane % kLanesPerRow;
+  uint8_t* my_stages = stages + size_t(warp) * kGroupedStages * kWarpSize * kG;
+
+  const int chunks = (groups + kLanesPerRow - 1) / kLanesPerRow;  // per row
+  const int tasks = (rows + kSlots - 1) / kSlots;
+  const int warps_total = gridDim.x * kGroupedWarps;
+  const int first_task = blockIdx.x * kGroupedWarps + warp;
+  const int my_tasks = first_task < tasks ? (tasks - first_task + warps_total - 1) / warps_total : 0;
+  const int items = my_tasks * chunks;
+
+  // Copies item i (task, chunk) into stage i % 2; always commits a group.
+  auto issue = [&](int i) {
+    if (i < items) {
+      const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
+      const int first_group = chunk * kLanesPerRow;
+      const int n_pieces = min(kLanesPerRow, groups - first_group) * kUnits;
+      uint8_t* dst_stage = my_stages + size_t(i & 1) * kWarpSize * kG;
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        const int row = task * kSlots + s;
+        if (row >= rows) break;
+        const uint8_t* src = w + int64_t(row) * w_row_bytes + int64_t(first_group) * kG;
+        uint8_t* dst = dst_stage + s * kLanesPerRow * kG;
+        for (int p = lane; p < n_pieces; p += kWarpSize) cp_async_16(dst + 16 * p, src + 16 * p);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // x into shared memory, padded per group (all threads), then this warp's first chunk.
+  for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
+    cp_async_16(x_s + (p / 16) * kXGroupBytes + (p % 16) * 16, xqs + 16 * p);
+  for (int p = threadIdx.x; p < groups * (kGroupBlocks / 2); p += kGroupedThreads)
+    cp_async_16(ds_s + (p / 4) * kDsGroupBytes + (p % 4) * 16, xds + 2 * p);
+  cp_async_commit();
+  issue(0);
+  cp_async_wait<1>();
+  __syncthreads();
+
+  float acc = 0.0f;
+  for (int i = 0; i < items; ++i) {
+    issue(i + 1);
+    cp_async_wait<1>();  // item i has landed (this lane's copies) ...
+    __syncwarp();        // ... and every lane's
+    const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
+    const int group = chunk * kLanesPerRow + li;
+    const int row = task * kSlots + slot;
+    if (group < groups && row < rows) {
+      uint32_t g[kUnits * 4];
+      const uint4* src = reinterpret_cast<const uint4*>(my_stages + size_t(i & 1) * kWarpSize * kG + lane * kG);
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) {
+        const uint4 v = src[u];
+        g[4 * u] = v.x, g[4 * u + 1] = v.y, g[4 * u + 2] = v.z, g[4 * u + 3] = v.w;
+      }
+      const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
+      const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
+#pragma unroll
+      for (int j = 0; j < kGroupBlocks; j += 2) {
+        const float4 d2 = dg[j / 2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int4 a = xg[2 * (j + h)], b = xg[2 * (j + h) + 1];
+          const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+          acc += Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w));
+        }
+      }
+    }
+    __syncwarp();  // the stage is refilled by the next issue
+    if (chunk == chunks - 1) {
+      float v = acc;
+#pragma unroll
+      for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+      if (li == 0 && row < rows) {
+        if (add) v += add[row];
+        y[row] = v;
+      }
+      acc = 0.0f;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+template <typename Fmt, int kLanesPerRow>
+Status launch_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
+  auto kernel = matvec_grouped_kernel<Fmt, kLanesPerRow>;
+  const size_t smem = grouped_smem_bytes<Fmt>(a.cols);
+  // Per kernel: the dynamic shared-memory limit raised once, resident blocks per SM for the
+  // largest size seen (smaller sizes fit at least as many).
+  static int attribute_set = 0, sms = 0;
+  static size_t occupancy_smem = 0;
+  static int blocks_per_sm = 0;
+  if (!attribute_set) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        e != cudaSuccess)
+      return Status::from_cuda(e, "cudaFuncSetAttribute (matvec_grouped_kernel)");
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    attribute_set = 1;
+  }
+  if (smem > occupancy_smem) {
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kGroupedThreads, smem);
+        e != cudaSuccess)
+      return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (matvec_grouped_kernel)");
+    occupancy_smem = smem;
+  }
+  constexpr int kSlots = kWarpSize / kLanesPerRow;
+  const int64_t tasks = (a.rows + kSlots - 1) / kSlots;
+  const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
+  const int grid = int(min64(blocks_needed, int64_t(max(1, blocks_per_sm)) * max(1, sms)));
+  kernel<<<grid, kGroupedThreads, smem, stream>>>(static_cast<const uint8_t*>(a.w), a.w_row_bytes, int(a.rows),
+                                                   int(a.cols / kGroupElems), xq.qs, xq.ds, a.add, a.y);
+  return launch_status("matvec_grouped_kernel");
+}
+
+template <typename Fmt>
+Status dispatch_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
+  if (a.cols / kGroupElems <= 16) return launch_grouped<Fmt, 16>(a, xq, stream);
+  return launch_grouped<Fmt, 32>(a, xq, stream);
+}
+
+}  // namespace detail
+
+bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
+  if (a.type != GgmlType::Q4_0 && a.type != GgmlType::Q8_0) return false;
+  if (a.rows_per_warp != 0 || a.warps_per_row != 0) return false;  // tuning knobs: the general kernel
+  if (a.cols % detail::kGroupElems != 0 || a.rows >= (int64_t(1) << 30)) return false;
+  if (reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || a.w_row_bytes % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(xq.qs) % 16 != 0 || reinterpret_cast<uintptr_t>(xq.ds) % 16 != 0) return false;
+  const size_t smem = a.type == GgmlType::Q4_0 ? detail::grouped_smem_bytes<detail::GroupQ4_0>(a.cols)
+                                               : detail::grouped_smem_bytes<detail::GroupQ8_0>(a.cols);
+  return smem <= 200 * 1024;
+}
+
+Status matvec_q8_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
+  if (a.type == GgmlType::Q4_0) return detail::dispatch_grouped<detail::GroupQ4_0>(a, xq, stream);
+  return detail::dispatch_grouped<detail::GroupQ8_0>(a, xq, stream);
+}
+
+}  // namespace kiln::cuda
