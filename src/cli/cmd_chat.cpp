@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -15,7 +16,7 @@
 #include "cli/model_session.h"
 #include "core/error.h"
 #include "runtime/generator.h"
-#include "tokenizer/chat_template.h"
+#include "tokenizer/chat_template_files.h"
 
 namespace kiln::cli {
 namespace {
@@ -54,16 +55,15 @@ void run(const ChatCli& cli) {
   const Tokenizer& tokenizer = *m.tokenizer;
   const std::string bos = token_text_or_empty(tokenizer, tokenizer.special().bos);
   const std::string eos = token_text_or_empty(tokenizer, tokenizer.special().eos);
-  // (A checkpoint directory's template is not read yet: it gets the plain transcript.)
-  const std::string_view source = m.file ? m.file->get_string("tokenizer.chat_template", "") : "";
   GenerationOptions options;
   options.max_tokens = cli.n_predict;
-  if (source.empty()) {
-    fmt::print(stderr, "kiln: {} has no chat template (tokenizer.chat_template); using a plain "
-               "'User: ... / Assistant: ...' transcript\n", cli.model.path);
+  std::optional<ChatTemplate> chat_template = find_chat_template(cli.model.path, &tokenizer);
+  if (!chat_template) {
+    fmt::print(stderr, "kiln: {} has no chat template; using a plain 'User: ... / Assistant: ...' transcript\n",
+               cli.model.path);
     options.stop.push_back(kFallbackStop);
+    chat_template.emplace(kFallbackTemplate, bos, eos);
   }
-  const ChatTemplate chat_template(source.empty() ? kFallbackTemplate : std::string(source), bos, eos);
 
   Generator generator(*m.model, tokenizer, m.n_ctx, cli.model.max_batch);
   Sampler sampler(cli.sampling.resolved());
@@ -90,7 +90,7 @@ void run(const ChatCli& cli) {
       continue;
     }
     messages.push_back({{"role", "user"}, {"content", text}});
-    const std::string rendered = chat_template.render(messages, /*add_generation_prompt=*/true);
+    const std::string rendered = chat_template->render(messages, /*add_generation_prompt=*/true);
     // Most templates write the BOS text themselves; add the token only when one does not.
     const bool add_bos = tokenizer.adds_bos() && (bos.empty() || rendered.rfind(bos, 0) != 0);
     std::vector<int32_t> ids = tokenizer.encode(rendered, /*add_special=*/false, /*parse_special=*/true);

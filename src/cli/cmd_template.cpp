@@ -11,14 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "formats/gguf.h"
-#include "tokenizer/chat_template.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/chat_template_files.h"
 
 namespace kiln::cli {
 namespace {
@@ -47,32 +46,13 @@ ordered_json read_json(const fs::path& path, std::string_view what) {
   }
 }
 
-ChatTemplate template_from_gguf(const std::string& path) {
-  const auto file = gguf::File::open(path);
-  const std::string_view source = file->get_string("tokenizer.chat_template", "");
-  if (source.empty()) fail("{} has no tokenizer.chat_template", path);
-  std::string bos, eos;
-  if (file->has("tokenizer.ggml.model")) {
-    const Tokenizer tokenizer = Tokenizer::from_gguf(*file);
-    if (tokenizer.special().bos != kNoToken) bos = tokenizer.token_text(tokenizer.special().bos);
-    if (tokenizer.special().eos != kNoToken) eos = tokenizer.token_text(tokenizer.special().eos);
-  }
-  return ChatTemplate(std::string(source), bos, eos);
-}
-
-ChatTemplate template_from_directory(const fs::path& dir) {
-  const fs::path config_path = dir / "tokenizer_config.json";
-  ordered_json config = fs::exists(config_path) ? read_json(config_path, "tokenizer config") : ordered_json::object();
-  // Newer models ship the template as a file of its own; it wins over the config's.
-  if (fs::exists(dir / "chat_template.jinja")) config["chat_template"] = read_text(dir / "chat_template.jinja", "template");
-  if (!config.contains("chat_template")) {
-    fail("{} has no chat_template.jinja and no chat_template in tokenizer_config.json", dir.string());
-  }
-  return ChatTemplate::from_tokenizer_config(config);
-}
-
 void run(const TemplateCli& cli) {
-  const ChatTemplate chat = fs::is_directory(cli.model) ? template_from_directory(cli.model) : template_from_gguf(cli.model);
+  const std::optional<ChatTemplate> found = find_chat_template(cli.model);
+  if (!found)
+    fail("{} ships no chat template ({})", cli.model,
+         fs::is_directory(cli.model) ? "no chat_template.jinja and no chat_template in tokenizer_config.json"
+                                     : "no tokenizer.chat_template in its metadata");
+  const ChatTemplate& chat = *found;
   ordered_json input = read_json(cli.messages_file, "messages file");
   ordered_json messages, extra = ordered_json::object();
   if (input.is_array()) {
