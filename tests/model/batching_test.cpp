@@ -38,10 +38,8 @@ TEST(Batching, MixedSequencesMatchSeparateRuns) {
   }
   ASSERT_EQ(ia, a.size());
   ASSERT_EQ(ib, b.size());
-  for (size_t p = 0; p < a.size(); ++p)
-    EXPECT_LE(relative_l2(got_a.data() + p * V, ref_a.data() + p * V, V), 1e-5) << "sequence 0 position " << p;
-  for (size_t p = 0; p < b.size(); ++p)
-    EXPECT_LE(relative_l2(got_b.data() + p * V, ref_b.data() + p * V, V), 1e-5) << "sequence 1 position " << p;
+  expect_rows_near(got_a.data(), ref_a.data(), int64_t(a.size()), V, 1e-5, "sequence 0");
+  expect_rows_near(got_b.data(), ref_b.data(), int64_t(b.size()), V, 1e-5, "sequence 1");
 }
 
 TEST(Loading, UnknownTensorIsAnError) {

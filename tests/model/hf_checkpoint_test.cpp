@@ -38,38 +38,22 @@ TEST_P(HfCheckpoint, PrefillLogitsMatchTransformers) {
   KILN_REQUIRE_TESTDATA(dir, "arch/hf/" + name + "/config.json");
   const nlohmann::json ref = read_json(ref_path);
   KILN_REQUIRE_TESTDATA(logits_path, "arch/" + ref["logits_file"].get<std::string>());
-  const std::vector<float> expected = read_f32_file(logits_path);
-  const int64_t rows = ref["logits_shape"][0], vocab = ref["logits_shape"][1];
-  const int64_t first = ref["logits_first_position"];
+  const ReferenceLogits want = read_reference_logits(ref, logits_path);
 
   LoadedModel m(dir.parent_path());
   ASSERT_EQ(m.source->format(), SourceFormat::HfCheckpoint);
-  ASSERT_EQ(m.vocab(), vocab);
-  const std::vector<float> logits = m.prefill_logits(to_ids(ref["ids"]));
-  double worst = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* ours = logits.data() + (first + r) * vocab;
-    const float* theirs = expected.data() + r * vocab;
-    const double err = relative_l2(ours, theirs, vocab);
-    worst = std::max(worst, err);
-    EXPECT_LE(err, 1e-4) << name << " position " << first + r << ": logit[0] ours " << ours[0] << " theirs "
-                         << theirs[0] << ", argmax ours " << argmax_row(ours, vocab) << " theirs "
-                         << argmax_row(theirs, vocab);
-  }
+  ASSERT_EQ(m.vocab(), want.vocab);
+  const double worst = expect_prefill_matches(*m.model, *m.backend, to_ids(ref["ids"]), want, 1e-4, name);
   std::printf("[ %s from checkpoint ] max relative L2 error vs transformers over %lld positions: %.3g\n",
-              name.c_str(), (long long)rows, worst);
+              name.c_str(), (long long)want.rows, worst);
 }
 
 TEST_P(HfCheckpoint, GreedyDecodeMatchesTransformers) {
   const std::string name = GetParam();
   KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
   KILN_REQUIRE_TESTDATA(dir, "arch/hf/" + name + "/config.json");
-  const nlohmann::json ref = read_json(ref_path);
-  const std::vector<int32_t> expected = to_ids(ref["greedy_continuation_ids"]);
   LoadedModel m(dir.parent_path());
-  const std::vector<int32_t> got = m.greedy(to_ids(ref["greedy_prompt_ids"]), int(expected.size()));
-  for (size_t i = 0; i < expected.size(); ++i)
-    EXPECT_EQ(got[i], expected[i]) << name << " continuation token " << i;
+  expect_greedy_matches(*m.model, *m.backend, read_json(ref_path), name);
 }
 
 TEST_P(HfCheckpoint, AgreesWithTheConvertedGguf) {
@@ -83,12 +67,7 @@ TEST_P(HfCheckpoint, AgreesWithTheConvertedGguf) {
   const std::vector<int32_t> ids = to_ids(ref["ids"]);
   const std::vector<float> a = hf.prefill_logits(ids), b = gg.prefill_logits(ids);
   ASSERT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t r = 0; r < ids.size(); ++r) {
-    const double err = relative_l2(a.data() + r * size_t(hf.vocab()), b.data() + r * size_t(hf.vocab()), hf.vocab());
-    worst = std::max(worst, err);
-    EXPECT_LE(err, 1e-5) << name << " position " << r;
-  }
+  const double worst = expect_rows_near(a.data(), b.data(), int64_t(ids.size()), hf.vocab(), 1e-5, name);
   std::printf("[ %s ] checkpoint vs GGUF: max relative L2 %.3g\n", name.c_str(), worst);
 }
 
@@ -354,10 +333,8 @@ TEST(HfCheckpointDtypes, Bf16CheckpointMatchesItsValuesInF32) {
   const std::vector<float> b = rounded_checkpoint_logits(config.parent_path(), false, ids);
   ASSERT_EQ(a.size(), b.size());
   const int64_t vocab = int64_t(a.size() / ids.size());
-  double worst = 0;
-  for (size_t r = 0; r < ids.size(); ++r)
-    worst = std::max(worst, relative_l2(a.data() + r * size_t(vocab), b.data() + r * size_t(vocab), vocab));
-  EXPECT_LE(worst, 1e-5);
+  // Every position within 1e-5 (so the worst one too).
+  const double worst = expect_rows_near(a.data(), b.data(), int64_t(ids.size()), vocab, 1e-5, "bf16 vs f32");
   std::printf("[ qwen3next bf16 checkpoint ] vs the same values in f32: max relative L2 %.3g\n", worst);
 }
 
@@ -431,15 +408,7 @@ TEST_P(RebuiltCheckpoint, LogitsMatchTransformers) {
     logits = m.prefill_logits(to_ids(ref["ids"]));
   }
   fs::remove_all(dir);
-  const std::vector<float> expected = read_f32_file(logits_path);
-  const int64_t rows = ref["logits_shape"][0], vocab = ref["logits_shape"][1];
-  const int64_t first = ref["logits_first_position"];
-  double worst = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double err = relative_l2(logits.data() + (first + r) * vocab, expected.data() + r * vocab, vocab);
-    worst = std::max(worst, err);
-    EXPECT_LE(err, 1e-4) << name << " position " << first + r;
-  }
+  const double worst = expect_logits_match(logits, read_reference_logits(ref, logits_path), 1e-4, name);
   std::printf("[ %s rebuilt checkpoint ] max relative L2 vs transformers: %.3g\n", name.c_str(), worst);
 }
 

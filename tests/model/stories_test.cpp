@@ -59,18 +59,11 @@ TEST(Stories260K, LogitsMatchLlamaCpp) {
   KILN_REQUIRE_TESTDATA(meta_path, "models/stories260K.logits.json");
   KILN_REQUIRE_TESTDATA(logits_path, "models/stories260K.logits.f32");
   const nlohmann::json meta = read_json(meta_path);
-  const std::vector<float> expected = read_f32_file(logits_path);
-  const int64_t rows = meta["logits_shape"][0], vocab = meta["logits_shape"][1];
+  const ReferenceLogits want = read_reference_logits(meta, logits_path);
   LoadedModel m(gguf_path);
   const std::vector<float> logits = m.prefill_logits(to_ids(meta["ids"]));
-  ASSERT_EQ(logits.size(), expected.size());
-  double worst = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const double err = relative_l2(logits.data() + r * vocab, expected.data() + r * vocab, vocab);
-    worst = std::max(worst, err);
-    EXPECT_LE(err, 2e-3) << "position " << r << ": logit[0] ours " << logits[size_t(r * vocab)] << " llama.cpp "
-                         << expected[size_t(r * vocab)];
-  }
+  ASSERT_EQ(logits.size(), want.values.size());
+  const double worst = expect_logits_match(logits, want, 2e-3, "stories260K vs llama.cpp");
   std::printf("[ stories260K ] max relative L2 error vs llama.cpp: %.3g\n", worst);
 }
 
