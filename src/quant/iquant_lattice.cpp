@@ -23,6 +23,16 @@ inline float lattice_sign(uint8_t sign_mask, int j) {
 // The scale of a 4-bit sub-block scale `s` in iq2 types: d * (s + 1/2) / 4.
 inline float iq2_group_scale(float d, uint32_t s) { return d * (0.5f + float(s)) * 0.25f; }
 
+// iq3: eight weights from two 4-wide grid rows under one 8-bit sign mask (bits 0-3 for
+// the first row, 4-7 for the second).
+inline void put_two_signed_rows(float scale, const GridRow4& first, const GridRow4& second, uint8_t signs,
+                                float* dst) {
+  for (int j = 0; j < 4; ++j) {
+    dst[j] = scale * first[j] * lattice_sign(signs, j);
+    dst[j + 4] = scale * second[j] * lattice_sign(signs, j + 4);
+  }
+}
+
 }  // namespace
 
 void dequantize_iq2_xxs(const void* src, float* dst, int64_t n) {
@@ -90,12 +100,8 @@ void dequantize_iq3_xxs(const void* src, float* dst, int64_t n) {
       const float scale = d * (0.5f + float(word >> 28)) * 0.5f;
       for (int l = 0; l < 4; ++l) {
         const uint8_t signs = sign_mask_from7(word >> (7 * l));
-        const GridRow4& first = kIq3xxsGrid[indices[8 * g + 2 * l]];
-        const GridRow4& second = kIq3xxsGrid[indices[8 * g + 2 * l + 1]];
-        for (int j = 0; j < 4; ++j) {
-          dst[j] = scale * first[j] * lattice_sign(signs, j);
-          dst[j + 4] = scale * second[j] * lattice_sign(signs, j + 4);
-        }
+        put_two_signed_rows(scale, kIq3xxsGrid[indices[8 * g + 2 * l]], kIq3xxsGrid[indices[8 * g + 2 * l + 1]],
+                            signs, dst);
         dst += 8;
       }
     }
@@ -113,13 +119,7 @@ void dequantize_iq3_s(const void* src, float* dst, int64_t n) {
       for (int l = 0; l < 4; ++l) {
         const uint32_t i0 = block.qs[8 * g + 2 * l] | (((high_bits >> (2 * l)) & 1u) << 8);
         const uint32_t i1 = block.qs[8 * g + 2 * l + 1] | (((high_bits >> (2 * l + 1)) & 1u) << 8);
-        const GridRow4& first = kIq3sGrid[i0];
-        const GridRow4& second = kIq3sGrid[i1];
-        const uint8_t signs = block.signs[4 * g + l];
-        for (int j = 0; j < 4; ++j) {
-          dst[j] = scale * first[j] * lattice_sign(signs, j);
-          dst[j + 4] = scale * second[j] * lattice_sign(signs, j + 4);
-        }
+        put_two_signed_rows(scale, kIq3sGrid[i0], kIq3sGrid[i1], block.signs[4 * g + l], dst);
         dst += 8;
       }
     }

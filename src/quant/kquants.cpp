@@ -54,29 +54,13 @@ void q3_K_to_float(const void* src, float* y, int64_t n) {
   }
 }
 
-// q4_K: value = (d * scale) * q - (dmin * min), sub-blocks of 32.
-void q4_K_to_float(const void* src, float* y, int64_t n) {
-  const auto* blocks = static_cast<const BlockQ4_K*>(src);
+// q4_K and q5_K: value = (d * scale) * q - (dmin * min), sub-blocks of 32 with 4-bit
+// levels; q5_K (kFifthBit) adds bit `sub` of qh[l] as the level's fifth bit.
+template <class Block, bool kFifthBit>
+void scale_min_32_to_float(const void* src, float* y, int64_t n) {
+  const auto* blocks = static_cast<const Block*>(src);
   for (int64_t i = 0; i < n / QK; ++i) {
-    const BlockQ4_K& b = blocks[i];
-    const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
-    for (int sub = 0; sub < 8; ++sub) {
-      uint8_t sc, m;
-      kquant_scale_min(sub, b.scales, &sc, &m);
-      const float dl = d * float(sc), ml = dmin * float(m);
-      const uint8_t* q = b.qs + 32 * (sub / 2);
-      const int shift = 4 * (sub % 2);
-      for (int l = 0; l < 32; ++l) y[32 * sub + l] = dl * float((q[l] >> shift) & 0xF) - ml;
-    }
-    y += QK;
-  }
-}
-
-// q5_K: as q4_K with a fifth bit from qh.
-void q5_K_to_float(const void* src, float* y, int64_t n) {
-  const auto* blocks = static_cast<const BlockQ5_K*>(src);
-  for (int64_t i = 0; i < n / QK; ++i) {
-    const BlockQ5_K& b = blocks[i];
+    const Block& b = blocks[i];
     const float d = f16_to_f32(b.d), dmin = f16_to_f32(b.dmin);
     for (int sub = 0; sub < 8; ++sub) {
       uint8_t sc, m;
@@ -85,13 +69,17 @@ void q5_K_to_float(const void* src, float* y, int64_t n) {
       const uint8_t* q = b.qs + 32 * (sub / 2);
       const int shift = 4 * (sub % 2);
       for (int l = 0; l < 32; ++l) {
-        const int level = ((q[l] >> shift) & 0xF) + (((b.qh[l] >> sub) & 1) << 4);
+        int level = (q[l] >> shift) & 0xF;
+        if constexpr (kFifthBit) level += ((b.qh[l] >> sub) & 1) << 4;
         y[32 * sub + l] = dl * float(level) - ml;
       }
     }
     y += QK;
   }
 }
+
+void q4_K_to_float(const void* src, float* y, int64_t n) { scale_min_32_to_float<BlockQ4_K, false>(src, y, n); }
+void q5_K_to_float(const void* src, float* y, int64_t n) { scale_min_32_to_float<BlockQ5_K, true>(src, y, n); }
 
 // q6_K: value = (d * scale) * (q - 32), sub-blocks of 16.
 void q6_K_to_float(const void* src, float* y, int64_t n) {

@@ -5,22 +5,16 @@
 
 #include "quant/blocks.h"
 #include "quant/fast_paths.h"
+#include "quant/kquant_levels_simd.h"
 #include "quant/simd_avx2.h"
 
 namespace kiln::avx2 {
 namespace {
 
 using namespace avx2_util;
+using namespace kquant_levels;
 
 constexpr int QK = kSuperBlock;
-
-__m256i low_nibbles(__m256i q) { return _mm256_and_si256(q, _mm256_set1_epi8(0x0F)); }
-__m256i high_nibbles(__m256i q) { return _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F)); }
-
-// Bit pair `shift` (0, 2, 4, 6) of each byte.
-__m256i bit_pair(__m256i q, int shift) {
-  return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(3));
-}
 
 }  // namespace
 
@@ -36,7 +30,7 @@ void dequantize_q2_K(const void* src, float* y, int64_t n) {
         for (int part = 0; part < 2; ++part) {  // two sub-blocks of 16 per 32 bytes
           const uint8_t sc = b.scales[8 * half + 2 * j + part];
           const __m256 dl = _mm256_set1_ps(d * float(sc & 0xF)), ml = _mm256_set1_ps(dmin * float(sc >> 4));
-          const __m128i l16 = part ? _mm256_extracti128_si256(levels, 1) : _mm256_castsi256_si128(levels);
+          const __m128i l16 = half_of(levels, part);
           store16_levels_i8(l16, dl, ml, y + 128 * half + 32 * j + 16 * part);
         }
       }
@@ -63,7 +57,7 @@ void dequantize_q3_K(const void* src, float* y, int64_t n) {
         for (int part = 0; part < 2; ++part) {
           const int e = 128 * half + 32 * j + 16 * part;
           const __m256 dl = _mm256_set1_ps(d * float(scales[e / 16]));
-          const __m128i l16 = part ? _mm256_extracti128_si256(levels, 1) : _mm256_castsi256_si128(levels);
+          const __m128i l16 = half_of(levels, part);
           store16_levels_i8(l16, dl, y + e);
         }
       }
@@ -122,19 +116,14 @@ void dequantize_q6_K(const void* src, float* y, int64_t n) {
     for (int half = 0; half < 2; ++half) {
       const __m256i ql0 = load32(b.ql + 64 * half), ql1 = load32(b.ql + 64 * half + 32);
       const __m256i qh = load32(b.qh + 32 * half);
-      // The four groups of 32 values of this half and their top two bits.
-      const __m256i groups[4] = {
-          _mm256_or_si256(low_nibbles(ql0), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4)),
-          _mm256_or_si256(low_nibbles(ql1), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2)),
-          _mm256_or_si256(high_nibbles(ql0), _mm256_and_si256(qh, _mm256_set1_epi8(0x30))),
-          _mm256_or_si256(high_nibbles(ql1), _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(char(0xC0))), 2)),
-      };
+      __m256i groups[4];
+      q6_K_groups(ql0, ql1, qh, groups);
       for (int g = 0; g < 4; ++g) {
         const __m256i levels = _mm256_sub_epi8(groups[g], thirty_two);
         for (int part = 0; part < 2; ++part) {
           const int sub = 8 * half + 2 * g + part;
           const __m256 dl = _mm256_set1_ps(d * float(b.scales[sub]));
-          const __m128i l16 = part ? _mm256_extracti128_si256(levels, 1) : _mm256_castsi256_si128(levels);
+          const __m128i l16 = half_of(levels, part);
           store16_levels_i8(l16, dl, y + 128 * half + 32 * g + 16 * part);
         }
       }

@@ -6,24 +6,16 @@
 
 #include "quant/blocks.h"
 #include "quant/fast_paths.h"
+#include "quant/kquant_levels_simd.h"
 #include "quant/simd_avx512.h"
 
 namespace kiln::avx512 {
 namespace {
 
 using namespace avx512_util;
+using namespace kquant_levels;
 
 constexpr int QK = kSuperBlock;
-
-__m256i low_nibbles(__m256i q) { return _mm256_and_si256(q, _mm256_set1_epi8(0x0F)); }
-__m256i high_nibbles(__m256i q) { return _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0F)); }
-
-// Bit pair `shift` (0, 2, 4, 6) of each byte.
-__m256i bit_pair(__m256i q, int shift) {
-  return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(3));
-}
-
-__m128i half_of(__m256i v, int part) { return part ? _mm256_extracti128_si256(v, 1) : _mm256_castsi256_si128(v); }
 
 }  // namespace
 
@@ -118,13 +110,8 @@ void dequantize_q6_K(const void* src, float* y, int64_t n) {
     for (int half = 0; half < 2; ++half) {
       const __m256i ql0 = load32(b.ql + 64 * half), ql1 = load32(b.ql + 64 * half + 32);
       const __m256i qh = load32(b.qh + 32 * half);
-      // The four groups of 32 values of this half, each with its two top bits.
-      const __m256i groups[4] = {
-          _mm256_or_si256(low_nibbles(ql0), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4)),
-          _mm256_or_si256(low_nibbles(ql1), _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2)),
-          _mm256_or_si256(high_nibbles(ql0), _mm256_and_si256(qh, _mm256_set1_epi8(0x30))),
-          _mm256_or_si256(high_nibbles(ql1), _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(char(0xC0))), 2)),
-      };
+      __m256i groups[4];
+      q6_K_groups(ql0, ql1, qh, groups);
       for (int g = 0; g < 4; ++g) {
         const __m256i levels = _mm256_sub_epi8(groups[g], thirty_two);
         for (int part = 0; part < 2; ++part) {

@@ -23,6 +23,16 @@ float mean_square(const float* x, int n) {
   return sum / n;
 }
 
+// Weights of one sub-block's squared error under an importance vector,
+// importance * sqrt(sigma2 + x^2); returns their sum (the sub-block's weight in the
+// search for the scales' own scale).
+float sub_block_importance(const float* x, const float* importance, float sigma2, int n, float* weights) {
+  for (int l = 0; l < n; ++l) weights[l] = importance[l] * std::sqrt(sigma2 + x[l] * x[l]);
+  float sum = 0;
+  for (int l = 0; l < n; ++l) sum += weights[l];
+  return sum;
+}
+
 // Packs 2-bit levels: per 128 values, byte l holds values l, l+32, l+64, l+96.
 void pack_2bit(const uint8_t* L, uint8_t* qs) {
   for (int j = 0; j < QK; j += 128)
@@ -84,12 +94,10 @@ void q2_K_block(const float* x, BlockQ2_K& y, const float* importance) {
       y.dmin = f32_to_f16(max_min / 15.f);
     }
   } else {
-    float sw[16] = {};
+    float sw[16];
     const float sigma2 = mean_square(x, QK);
     for (int j = 0; j < 16; ++j) {
-      const float* qw = importance + 16 * j;
-      for (int l = 0; l < 16; ++l) weights[l] = qw[l] * std::sqrt(sigma2 + x[16 * j + l] * x[16 * j + l]);
-      for (int l = 0; l < 16; ++l) sw[j] += weights[l];
+      sw[j] = sub_block_importance(x + 16 * j, importance + 16 * j, sigma2, 16, weights);
       scales[j] = fit_scale_min_weighted(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], scratch, -0.9f, 0.05f, 36, false);
     }
     const float dm = fit_positive(16, 15, scales, Ls, sw);
@@ -142,11 +150,7 @@ void q3_K_block(const float* x, BlockQ3_K& y, const float* importance) {
     int8_t Ls[16];
     const float sigma2 = 2 * mean_square(x, QK);
     for (int j = 0; j < 16; ++j) {
-      const float* qw = importance + 16 * j;
-      for (int l = 0; l < 16; ++l) weights[l] = qw[l] * std::sqrt(sigma2 + x[16 * j + l] * x[16 * j + l]);
-      float sumw = 0;
-      for (int l = 0; l < 16; ++l) sumw += weights[l];
-      sw[j] = sumw;
+      sw[j] = sub_block_importance(x + 16 * j, importance + 16 * j, sigma2, 16, weights);
       scales[j] = fit_symmetric(16, 4, x + 16 * j, L + 16 * j, 1, weights);
     }
     const float d_block = fit_symmetric(16, 32, scales, Ls, 1, sw);
@@ -206,11 +210,7 @@ void q45_K_scales(const float* x, Block& y, uint8_t* L, const float* importance)
     float sw[8];
     const float sigma2 = 2 * mean_square(x, QK);
     for (int j = 0; j < 8; ++j) {
-      const float* qw = importance + 32 * j;
-      for (int l = 0; l < 32; ++l) weights[l] = qw[l] * std::sqrt(sigma2 + x[32 * j + l] * x[32 * j + l]);
-      float sumw = 0;
-      for (int l = 0; l < 32; ++l) sumw += weights[l];
-      sw[j] = sumw;
+      sw[j] = sub_block_importance(x + 32 * j, importance + 32 * j, sigma2, 32, weights);
       scales[j] = fit_scale_min_weighted(32, kMax, x + 32 * j, weights, L + 32 * j, &mins[j], scratch, -0.9f, 0.05f, 36, false);
     }
     const float d_block = fit_positive(8, 63, scales, Ls, sw);

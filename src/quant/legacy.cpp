@@ -162,19 +162,45 @@ void min_max_levels(const float* x, uint8_t* L, float* d_out, float* min_out) {
   *min_out = min;
 }
 
+// One block of a symmetric kind (q4_0, q5_0): its levels, and the scale it returns. With
+// the block's importance row, the scale is searched for the least weighted error;
+// without (nullptr), ggml's reference rounding.
+template <int kBits>
+float symmetric_block(const float* x, const float* importance, float sigma2, uint8_t* L) {
+  float d;
+  if (importance) {
+    float w[kBlock];
+    importance_weights(x, importance, sigma2, w);
+    d = fit_symmetric(kBlock, 1 << (kBits - 1), x, reinterpret_cast<int8_t*>(L), 1, w);
+  } else {
+    symmetric_levels<kBits>(x, L, &d);
+  }
+  return d;
+}
+
+// One block of a kind with a min (q4_1, q5_1): levels, the min in *min_out, the scale
+// returned; searched with an importance row, ggml's reference rounding without.
+template <int kBits>
+float min_max_block(const float* x, const float* importance, float sigma2, uint8_t* L, float* min_out) {
+  float d;
+  if (importance) {
+    float w[kBlock], neg_min;
+    uint8_t scratch[kBlock];
+    importance_weights(x, importance, sigma2, w);
+    d = fit_scale_min_weighted(kBlock, (1 << kBits) - 1, x, w, L, &neg_min, scratch, -0.9f, 0.05f, 36, false);
+    *min_out = -neg_min;
+  } else {
+    min_max_levels<kBits>(x, L, &d, min_out);
+  }
+  return d;
+}
+
 void q4_0_from_float(const float* x, void* dst, int64_t n, const float* importance) {
   auto* b = blocks_of<BlockQ4_0>(dst);
   const float sigma2 = importance ? mean_square(x, n) : 0;
   for (int64_t i = 0; i < n / kBlock; ++i, x += kBlock) {
     uint8_t L[kBlock];
-    float d;
-    if (importance) {
-      float w[kBlock];
-      importance_weights(x, importance + i * kBlock, sigma2, w);
-      d = fit_symmetric(kBlock, 8, x, reinterpret_cast<int8_t*>(L), 1, w);
-    } else {
-      symmetric_levels<4>(x, L, &d);
-    }
+    const float d = symmetric_block<4>(x, importance ? importance + i * kBlock : nullptr, sigma2, L);
     b[i].d = f32_to_f16(d);
     for (int j = 0; j < 16; ++j) b[i].qs[j] = uint8_t(L[j] | (L[j + 16] << 4));
   }
@@ -185,16 +211,8 @@ void q4_1_from_float(const float* x, void* dst, int64_t n, const float* importan
   const float sigma2 = importance ? mean_square(x, n) : 0;
   for (int64_t i = 0; i < n / kBlock; ++i, x += kBlock) {
     uint8_t L[kBlock];
-    float d, min;
-    if (importance) {
-      float w[kBlock], neg_min;
-      uint8_t scratch[kBlock];
-      importance_weights(x, importance + i * kBlock, sigma2, w);
-      d = fit_scale_min_weighted(kBlock, 15, x, w, L, &neg_min, scratch, -0.9f, 0.05f, 36, false);
-      min = -neg_min;
-    } else {
-      min_max_levels<4>(x, L, &d, &min);
-    }
+    float min;
+    const float d = min_max_block<4>(x, importance ? importance + i * kBlock : nullptr, sigma2, L, &min);
     b[i].d = f32_to_f16(d);
     b[i].m = f32_to_f16(min);
     for (int j = 0; j < 16; ++j) b[i].qs[j] = uint8_t(L[j] | (L[j + 16] << 4));
@@ -206,14 +224,7 @@ void q5_0_from_float(const float* x, void* dst, int64_t n, const float* importan
   const float sigma2 = importance ? mean_square(x, n) : 0;
   for (int64_t i = 0; i < n / kBlock; ++i, x += kBlock) {
     uint8_t L[kBlock];
-    float d;
-    if (importance) {
-      float w[kBlock];
-      importance_weights(x, importance + i * kBlock, sigma2, w);
-      d = fit_symmetric(kBlock, 16, x, reinterpret_cast<int8_t*>(L), 1, w);
-    } else {
-      symmetric_levels<5>(x, L, &d);
-    }
+    const float d = symmetric_block<5>(x, importance ? importance + i * kBlock : nullptr, sigma2, L);
     b[i].d = f32_to_f16(d);
     pack_5bit(L, b[i].qs, b[i].qh);
   }
@@ -224,16 +235,8 @@ void q5_1_from_float(const float* x, void* dst, int64_t n, const float* importan
   const float sigma2 = importance ? mean_square(x, n) : 0;
   for (int64_t i = 0; i < n / kBlock; ++i, x += kBlock) {
     uint8_t L[kBlock];
-    float d, min;
-    if (importance) {
-      float w[kBlock], neg_min;
-      uint8_t scratch[kBlock];
-      importance_weights(x, importance + i * kBlock, sigma2, w);
-      d = fit_scale_min_weighted(kBlock, 31, x, w, L, &neg_min, scratch, -0.9f, 0.05f, 36, false);
-      min = -neg_min;
-    } else {
-      min_max_levels<5>(x, L, &d, &min);
-    }
+    float min;
+    const float d = min_max_block<5>(x, importance ? importance + i * kBlock : nullptr, sigma2, L, &min);
     b[i].d = f32_to_f16(d);
     b[i].m = f32_to_f16(min);
     pack_5bit(L, b[i].qs, b[i].qh);

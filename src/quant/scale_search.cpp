@@ -140,80 +140,15 @@ float fit_symmetric_refined(int n, int nmax, const float* x, int8_t* L, bool ref
   return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-float fit_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L,
-                    float* neg_min, uint8_t* scratch, float rmin, float rdelta, int nstep,
-                    bool absolute_error) {
-  float min = x[0], max = x[0];
-  float sum_w = weights[0];
-  float sum_x = sum_w * x[0];
-  for (int i = 1; i < n; ++i) {
-    if (x[i] < min) min = x[i];
-    if (x[i] > max) max = x[i];
-    const float w = weights[i];
-    sum_w += w;
-    sum_x += w * x[i];
-  }
-  if (min > 0) min = 0;
-  if (max == min) {
-    std::memset(L, 0, size_t(n));
-    *neg_min = -min;
-    return 0.f;
-  }
-  float iscale = nmax / (max - min);
-  float scale = 1 / iscale;
-  float best_error = 0;
-  for (int i = 0; i < n; ++i) {
-    L[i] = uint8_t(search_util::clamp_int(round_to_int(iscale * (x[i] - min)), 0, nmax));
-    float diff = scale * L[i] + min - x[i];
-    diff = absolute_error ? std::fabs(diff) : diff * diff;
-    best_error += weights[i] * diff;
-  }
-  if (nstep < 1) {
-    *neg_min = -min;
-    return scale;
-  }
-  for (int step = 0; step <= nstep; ++step) {
-    iscale = (rmin + rdelta * step + nmax) / (max - min);
-    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-    for (int i = 0; i < n; ++i) {
-      const int l = search_util::clamp_int(round_to_int(iscale * (x[i] - min)), 0, nmax);
-      scratch[i] = uint8_t(l);
-      const float w = weights[i];
-      sum_l += w * l;
-      sum_l2 += w * l * l;
-      sum_xl += w * l * x[i];
-    }
-    // Weighted least squares for (scale, min) with these levels.
-    const float D = sum_w * sum_l2 - sum_l * sum_l;
-    if (D > 0) {
-      float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-      float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-      if (this_min > 0) {
-        this_min = 0;
-        this_scale = sum_xl / sum_l2;
-      }
-      float error = 0;
-      for (int i = 0; i < n; ++i) {
-        float diff = this_scale * scratch[i] + this_min - x[i];
-        diff = absolute_error ? std::fabs(diff) : diff * diff;
-        error += weights[i] * diff;
-      }
-      if (error < best_error) {
-        std::memcpy(L, scratch, size_t(n));
-        best_error = error;
-        scale = this_scale;
-        min = this_min;
-      }
-    }
-  }
-  *neg_min = -min;
-  return scale;
-}
+namespace search_util {
 
-float fit_scale_min_weighted(int n, int nmax, const float* x, const float* weights, uint8_t* L,
-                             float* neg_min, uint8_t* scratch, float rmin, float rdelta,
-                             int nstep, bool absolute_error) {
-  auto weight = [&](int i) { return weights ? weights[i] : x[i] * x[i]; };
+// The search both fit_scale_min variants run: levels over [min(0, min x), max x], then
+// nstep + 1 trial inverse scales, each giving levels whose weighted least-squares
+// (scale, min <= 0) is kept when its error is lower. `weight(i)` is the weight of x[i];
+// `trial_level(v)` turns a trial's iscale * (x[i] - min) into a level in [0, nmax].
+template <class WeightOf, class TrialLevel>
+float search_scale_min(int n, int nmax, const float* x, WeightOf weight, TrialLevel trial_level, uint8_t* L,
+                       float* neg_min, uint8_t* scratch, float rmin, float rdelta, int nstep, bool absolute_error) {
   float min = x[0], max = x[0];
   float sum_w = weight(0);
   float sum_x = sum_w * x[0];
@@ -225,7 +160,8 @@ float fit_scale_min_weighted(int n, int nmax, const float* x, const float* weigh
     sum_x += w * x[i];
   }
   if (min > 0) min = 0;
-  if (max <= min) {
+  // min <= max here (or a NaN, which no comparison catches): a flat block is max == min.
+  if (max == min) {
     std::memset(L, 0, size_t(n));
     *neg_min = -min;
     return 0.f;
@@ -234,7 +170,7 @@ float fit_scale_min_weighted(int n, int nmax, const float* x, const float* weigh
   float scale = 1 / iscale;
   float best_error = 0;
   for (int i = 0; i < n; ++i) {
-    L[i] = uint8_t(search_util::clamp_int(round_to_int(iscale * (x[i] - min)), 0, nmax));
+    L[i] = uint8_t(clamp_int(round_to_int(iscale * (x[i] - min)), 0, nmax));
     float diff = scale * L[i] + min - x[i];
     diff = absolute_error ? std::fabs(diff) : diff * diff;
     best_error += weight(i) * diff;
@@ -247,15 +183,14 @@ float fit_scale_min_weighted(int n, int nmax, const float* x, const float* weigh
     iscale = (rmin + rdelta * step + nmax) / (max - min);
     float sum_l = 0, sum_l2 = 0, sum_xl = 0;
     for (int i = 0; i < n; ++i) {
-      // Once min is a fitted value it may sit near max: v can be huge, so clamp first.
-      const float v = iscale * (x[i] - min);
-      const int l = v > 0 ? round_to_int(std::min(v, float(nmax))) : 0;
+      const int l = trial_level(iscale * (x[i] - min));
       scratch[i] = uint8_t(l);
       const float w = weight(i);
       sum_l += w * l;
       sum_l2 += w * l * l;
       sum_xl += w * l * x[i];
     }
+    // Weighted least squares for (scale, min) with these levels.
     const float D = sum_w * sum_l2 - sum_l * sum_l;
     if (D > 0) {
       float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
@@ -280,6 +215,27 @@ float fit_scale_min_weighted(int n, int nmax, const float* x, const float* weigh
   }
   *neg_min = -min;
   return scale;
+}
+
+}  // namespace search_util
+
+float fit_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L,
+                    float* neg_min, uint8_t* scratch, float rmin, float rdelta, int nstep,
+                    bool absolute_error) {
+  auto weight = [&](int i) { return weights[i]; };
+  auto trial_level = [&](float v) { return search_util::clamp_int(round_to_int(v), 0, nmax); };
+  return search_util::search_scale_min(n, nmax, x, weight, trial_level, L, neg_min, scratch, rmin, rdelta, nstep,
+                                       absolute_error);
+}
+
+float fit_scale_min_weighted(int n, int nmax, const float* x, const float* weights, uint8_t* L,
+                             float* neg_min, uint8_t* scratch, float rmin, float rdelta,
+                             int nstep, bool absolute_error) {
+  auto weight = [&](int i) { return weights ? weights[i] : x[i] * x[i]; };
+  // Once min is a fitted value it may sit near max: v can be huge, so clamp first.
+  auto trial_level = [&](float v) { return v > 0 ? round_to_int(std::min(v, float(nmax))) : 0; };
+  return search_util::search_scale_min(n, nmax, x, weight, trial_level, L, neg_min, scratch, rmin, rdelta, nstep,
+                                       absolute_error);
 }
 
 float fit_positive(int n, int nmax, const float* x, uint8_t* L, const float* weights) {
