@@ -15,17 +15,13 @@
 #include "quant/codec.h"
 #include "quant/fast_paths.h"
 #include "quant/quant.h"
+#include "quant/zoo.h"
 
 namespace kiln {
 namespace {
 
 std::vector<GgmlType> types_with_codecs() {
-  std::vector<GgmlType> out;
-  size_t count;
-  const TypeTraits* all = all_types(&count);
-  for (size_t i = 0; i < count; ++i)
-    if (find_codec(all[i].type)) out.push_back(all[i].type);
-  return out;
+  return testing::types_where([](GgmlType t) { return find_codec(t) != nullptr; });
 }
 
 const char* level_name(SimdLevel level) {

@@ -17,52 +17,15 @@
 
 #include "quant/quant.h"
 #include "quant/types.h"
+#include "quant/zoo.h"
 #include "support/testdata.h"
 
 namespace kiln {
 namespace {
 
-std::vector<uint8_t> iquant_read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::vector<float> iquant_read_f32(const std::filesystem::path& path) {
-  const std::vector<uint8_t> bytes = iquant_read_file(path);
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  return values;
-}
-
-// One line of zoo/index.tsv.
-struct IquantZooRow {
-  uint32_t id = 0;
-  int64_t rows = 0, cols = 0;
-  bool uses_imatrix = false;
-  double rmse = 0;
-  bool found = false;
-};
-
-IquantZooRow iquant_zoo_row(const std::filesystem::path& index, const std::string& name) {
-  std::ifstream in(index);
-  std::string line;
-  std::getline(in, line);  // header: type id blck_size type_size rows cols bytes uses_imatrix rmse
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string type;
-    IquantZooRow row;
-    uint32_t block_size, type_size;
-    int64_t bytes;
-    int imatrix;
-    fields >> type >> row.id >> block_size >> type_size >> row.rows >> row.cols >> bytes >>
-        imatrix >> row.rmse;
-    if (type != name) continue;
-    row.uses_imatrix = imatrix != 0;
-    row.found = true;
-    return row;
-  }
-  return {};
-}
+using testing::read_bytes;
+using testing::read_floats;
+using testing::ZooEntry;
 
 std::string float_with_bits(float v) {
   std::ostringstream s;
@@ -91,14 +54,15 @@ TEST_P(IquantZooDequant, MatchesGgmlBitForBit) {
   KILN_REQUIRE_TESTDATA(index, "quant/zoo/index.tsv");
   KILN_REQUIRE_TESTDATA(q_path, "quant/zoo/" + name + ".q");
   KILN_REQUIRE_TESTDATA(deq_path, "quant/zoo/" + name + ".deq.f32");
-  const IquantZooRow zoo = iquant_zoo_row(index, name);
-  ASSERT_TRUE(zoo.found) << name << " is not in zoo/index.tsv";
+  const std::optional<ZooEntry> entry = testing::zoo_entry(name);
+  ASSERT_TRUE(entry) << name << " is not in zoo/index.tsv";
+  const ZooEntry& zoo = *entry;
   const std::optional<GgmlType> type = type_from_name(name);
   ASSERT_TRUE(type) << name;
   ASSERT_EQ(uint32_t(*type), zoo.id) << name;
 
-  const std::vector<uint8_t> quantized = iquant_read_file(q_path);
-  const std::vector<float> want = iquant_read_f32(deq_path);
+  const std::vector<uint8_t> quantized = read_bytes(q_path);
+  const std::vector<float> want = read_floats(deq_path);
   const size_t row_size = *row_bytes(*type, zoo.cols);
   ASSERT_EQ(quantized.size(), row_size * zoo.rows) << q_path;
   ASSERT_EQ(want.size(), size_t(zoo.rows * zoo.cols)) << deq_path;
@@ -126,26 +90,20 @@ TEST_P(IquantZooQuantize, ReachesGgmlErrorAndBytes) {
   KILN_REQUIRE_TESTDATA(src_path, "quant/zoo/src.f32");
   KILN_REQUIRE_TESTDATA(q_path, "quant/zoo/" + name + ".q");
   KILN_REQUIRE_TESTDATA(imatrix_path, "quant/zoo/imatrix.f32");
-  const IquantZooRow zoo = iquant_zoo_row(index, name);
-  ASSERT_TRUE(zoo.found) << name << " is not in zoo/index.tsv";
+  const std::optional<ZooEntry> entry = testing::zoo_entry(name);
+  ASSERT_TRUE(entry) << name << " is not in zoo/index.tsv";
+  const ZooEntry& zoo = *entry;
   const GgmlType type = *type_from_name(name);
   ASSERT_TRUE(can_quantize(type)) << name;
 
-  const std::vector<float> src = iquant_read_f32(src_path);
-  const std::vector<float> imatrix = iquant_read_f32(imatrix_path);
-  const std::vector<uint8_t> ggml_bytes = iquant_read_file(q_path);
+  const std::vector<float> src = read_floats(src_path);
+  const std::vector<float> imatrix = read_floats(imatrix_path);
+  const std::vector<uint8_t> ggml_bytes = read_bytes(q_path);
   ASSERT_EQ(src.size(), size_t(zoo.rows * zoo.cols));
   ASSERT_EQ(imatrix.size(), size_t(zoo.cols));
-  const size_t row_size = *row_bytes(type, zoo.cols);
-
-  std::vector<uint8_t> bytes(row_size * zoo.rows);
-  std::vector<float> round_trip(src.size());
-  for (int64_t r = 0; r < zoo.rows; ++r) {
-    quantize_row(type, src.data() + r * zoo.cols, bytes.data() + r * row_size, zoo.cols,
-                 zoo.uses_imatrix ? imatrix.data() : nullptr);
-    dequantize_row_reference(type, bytes.data() + r * row_size, round_trip.data() + r * zoo.cols,
-                             zoo.cols);
-  }
+  std::vector<float> round_trip;
+  const std::vector<uint8_t> bytes = testing::quantize_round_trip(
+      type, src, zoo.rows, zoo.cols, zoo.uses_imatrix ? imatrix.data() : nullptr, &round_trip);
   double sum_sq = 0;
   for (size_t i = 0; i < src.size(); ++i) sum_sq += double(src[i] - round_trip[i]) * (src[i] - round_trip[i]);
   const double rmse = std::sqrt(sum_sq / double(src.size()));
@@ -187,11 +145,12 @@ TEST_P(IquantZooImportance, LowersWeightedError) {
   KILN_REQUIRE_TESTDATA(index, "quant/zoo/index.tsv");
   KILN_REQUIRE_TESTDATA(src_path, "quant/zoo/src.f32");
   KILN_REQUIRE_TESTDATA(imatrix_path, "quant/zoo/imatrix.f32");
-  const IquantZooRow zoo = iquant_zoo_row(index, name);
-  ASSERT_TRUE(zoo.found) << name;
+  const std::optional<ZooEntry> entry = testing::zoo_entry(name);
+  ASSERT_TRUE(entry) << name;
+  const ZooEntry& zoo = *entry;
   const GgmlType type = *type_from_name(name);
-  const std::vector<float> src = iquant_read_f32(src_path);
-  const std::vector<float> importance = iquant_read_f32(imatrix_path);
+  const std::vector<float> src = read_floats(src_path);
+  const std::vector<float> importance = read_floats(imatrix_path);
   ASSERT_EQ(importance.size(), size_t(zoo.cols));
   ASSERT_EQ(src.size(), size_t(zoo.rows * zoo.cols));
 
@@ -200,14 +159,12 @@ TEST_P(IquantZooImportance, LowersWeightedError) {
   };
   auto round_trip = [&](const float* imp) {
     Errors e;
-    std::vector<uint8_t> bytes(*row_bytes(type, zoo.cols));
-    std::vector<float> back(zoo.cols);
+    std::vector<float> back;
+    testing::quantize_round_trip(type, src, zoo.rows, zoo.cols, imp, &back);
     double sum_sq = 0;
     for (int64_t r = 0; r < zoo.rows; ++r) {
-      quantize_row(type, src.data() + r * zoo.cols, bytes.data(), zoo.cols, imp);
-      dequantize_row_reference(type, bytes.data(), back.data(), zoo.cols);
       for (int64_t j = 0; j < zoo.cols; ++j) {
-        const double diff = double(src[r * zoo.cols + j]) - back[j];
+        const double diff = double(src[r * zoo.cols + j]) - back[r * zoo.cols + j];
         sum_sq += diff * diff;
         e.weighted += importance[j] * diff * diff;
       }

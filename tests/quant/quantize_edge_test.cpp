@@ -15,14 +15,7 @@
 namespace kiln {
 namespace {
 
-std::vector<GgmlType> quantizable_types() {
-  std::vector<GgmlType> out;
-  size_t count;
-  const TypeTraits* all = all_types(&count);
-  for (size_t i = 0; i < count; ++i)
-    if (can_quantize(all[i].type)) out.push_back(all[i].type);
-  return out;
-}
+std::vector<GgmlType> quantizable_types() { return testing::types_where(can_quantize); }
 
 // One row of n values: a mix of signs and sizes scaled by `magnitude`.
 std::vector<float> random_row(int64_t n, float magnitude, uint32_t seed) {

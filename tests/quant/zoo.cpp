@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "quant/quant.h"
 #include "support/testdata.h"
 
 namespace kiln::testing {
@@ -26,6 +27,33 @@ std::vector<ZooEntry> zoo_index() {
     entries.push_back(e);
   }
   return entries;
+}
+
+std::optional<ZooEntry> zoo_entry(const std::string& name) {
+  for (const ZooEntry& e : zoo_index())
+    if (e.name == name) return e;
+  return std::nullopt;
+}
+
+std::vector<GgmlType> types_where(bool (*keep)(GgmlType)) {
+  std::vector<GgmlType> out;
+  size_t count;
+  const TypeTraits* all = all_types(&count);
+  for (size_t i = 0; i < count; ++i)
+    if (keep(all[i].type)) out.push_back(all[i].type);
+  return out;
+}
+
+std::vector<uint8_t> quantize_round_trip(GgmlType type, const std::vector<float>& src, int64_t rows, int64_t cols,
+                                         const float* importance, std::vector<float>* back) {
+  const size_t row_size = *row_bytes(type, cols);
+  std::vector<uint8_t> bytes(row_size * size_t(rows));
+  back->assign(size_t(rows * cols), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    quantize_row(type, src.data() + r * cols, bytes.data() + r * row_size, cols, importance);
+    dequantize_row_reference(type, bytes.data() + r * row_size, back->data() + r * cols, cols);
+  }
+  return bytes;
 }
 
 std::vector<uint8_t> read_bytes(const std::filesystem::path& path) {

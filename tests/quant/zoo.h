@@ -2,6 +2,7 @@
 // The quantization zoo (../shared/testdata/quant/zoo, made by ggml): its index and files.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -28,6 +29,17 @@ inline void PrintTo(const ZooEntry& e, std::ostream* os) { *os << e.name; }
 
 // Entries of zoo/index.tsv; empty when the reference data is absent.
 std::vector<ZooEntry> zoo_index();
+
+// The entry of the type named `name`, or nothing.
+std::optional<ZooEntry> zoo_entry(const std::string& name);
+
+// Every known type for which `keep` is true (for parameterized tests).
+std::vector<GgmlType> types_where(bool (*keep)(GgmlType));
+
+// Quantizes `src` (rows x cols) row by row into `type`, with the importance vector when
+// given, and dequantizes the bytes back with the scalar reference into *back.
+std::vector<uint8_t> quantize_round_trip(GgmlType type, const std::vector<float>& src, int64_t rows, int64_t cols,
+                                         const float* importance, std::vector<float>* back);
 
 std::vector<uint8_t> read_bytes(const std::filesystem::path& path);
 std::vector<float> read_floats(const std::filesystem::path& path);

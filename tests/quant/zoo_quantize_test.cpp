@@ -51,14 +51,9 @@ TEST_P(ZooQuantize, RoundTripMeetsGgmlRmse) {
   ASSERT_EQ(src.size(), size_t(e.rows * e.cols));
   ASSERT_EQ(imatrix.size(), size_t(e.cols));
   const size_t row_size = *row_bytes(type, e.cols);
-
-  std::vector<uint8_t> bytes(row_size * e.rows);
-  std::vector<float> back(src.size());
-  for (int64_t r = 0; r < e.rows; ++r) {
-    quantize_row(type, src.data() + r * e.cols, bytes.data() + r * row_size, e.cols,
-                 e.uses_imatrix ? imatrix.data() : nullptr);
-    dequantize_row_reference(type, bytes.data() + r * row_size, back.data() + r * e.cols, e.cols);
-  }
+  std::vector<float> back;
+  const std::vector<uint8_t> bytes =
+      testing::quantize_round_trip(type, src, e.rows, e.cols, e.uses_imatrix ? imatrix.data() : nullptr, &back);
   double sum = 0;
   for (size_t i = 0; i < src.size(); ++i) sum += (double(back[i]) - src[i]) * (double(back[i]) - src[i]);
   const double rmse = std::sqrt(sum / double(src.size()));
