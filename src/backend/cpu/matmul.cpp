@@ -15,7 +15,6 @@
 //   multiplied with f32 token panels (FMA).
 // - scalar: dequantize a row, f32 dot per token.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -74,30 +73,15 @@ void check_args(const MatmulArgs& a) {
 }
 
 // Runs fn(begin, end) over [0, n) in contiguous chunks of about n / (4 * threads) items (at
-// least `grain`) taken from a shared counter, so that a thread slowed down by the OS or by
-// other work on the machine ends up taking fewer chunks instead of holding everyone up.
+// least `grain`), claimed one at a time, so that a thread slowed down by the OS or by other
+// work on the machine ends up taking fewer chunks instead of holding everyone up.
 template <typename Fn>
 void parallel_chunks(ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn) {
-  const int64_t threads = pool.size();
-  if (threads == 1 || n <= grain) {
+  if (pool.size() == 1 || n <= grain) {
     if (n > 0) fn(int64_t(0), n);
     return;
   }
-  struct Work {
-    std::atomic<int64_t> next{0};
-    int64_t n, chunk;
-    const Fn* fn;
-  } work;
-  work.n = n;
-  work.chunk = std::max(grain, (n + 4 * threads - 1) / (4 * threads));
-  work.fn = &fn;
-  pool.run([w = &work](int) {  // one pointer: no allocation in std::function
-    for (;;) {
-      const int64_t begin = w->next.fetch_add(w->chunk, std::memory_order_relaxed);
-      if (begin >= w->n) return;
-      (*w->fn)(begin, std::min(w->n, begin + w->chunk));
-    }
-  });
+  pool.parallel_for(n, grain, fn);
 }
 
 const uint8_t* weight_row(const MatmulArgs& a, int64_t r) {
