@@ -6,6 +6,8 @@
 #include <numbers>
 #include <vector>
 
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_kernels.h"
 #include "backend/cpu/ops.h"
 
 namespace kiln::cpu {
@@ -27,6 +29,19 @@ float correction_dim(int n_rot, int n_ctx_orig, float n_rotations, float base) {
 }
 
 }  // namespace rope_math
+
+namespace attention_math {
+
+// Query-key dot product without SIMD (CPUs without AVX2).
+float dot_plain(const float* a, const float* b, int64_t n) {
+  float s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace attention_math
+
+using attention_math::dot_plain;
 
 void rope(Tensor& x, const Tensor& positions, const RopeParams& p, ThreadPool& pool) {
   require_f32_rows(x, "rope", "x");
@@ -140,9 +155,14 @@ void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, c
 
   const int64_t keys = std::min<int64_t>(batch.max_position + 1,
                                         p.sliding_window > 0 ? p.sliding_window : batch.max_position + 1);
+  // f32 dot products with SIMD, f32 accumulation of the values (plain loops the compiler
+  // vectorizes): the scalar version with double sums took 9% of a 64-token prompt.
+  using Dot = float (*)(const float*, const float*, int64_t);
+  const SimdLevel level = best_simd_level();
+  const Dot dot = level == SimdLevel::Avx512 ? avx512::dot_f32 : level == SimdLevel::Avx2 ? avx2::dot_f32 : dot_plain;
   parallel_items(pool, n_tokens * p.n_head, keys * (p.head_dim_k + p.head_dim_v) * 2, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    std::vector<double> acc(size_t(p.head_dim_v));
+    std::vector<float> acc(size_t(p.head_dim_v));
     for (int64_t job = begin; job < end; ++job) {
       const int64_t t = job / p.n_head;
       const int h = int(job % p.n_head), kv_head = h / group;
@@ -156,23 +176,24 @@ void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, c
       float max_score = sinks ? sinks[h] : -std::numeric_limits<float>::infinity();
       for (int64_t j = first; j <= last; ++j) {
         const float* kv = cache.k.f32_row(slot_of(j)) + int64_t(kv_head) * p.head_dim_k;
-        float dot = 0;
-        for (int d = 0; d < p.head_dim_k; ++d) dot += qv[d] * kv[d];
-        float s = dot * p.scale;
+        float s = dot(qv, kv, p.head_dim_k) * p.scale;
         if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
         scores[size_t(j - first)] = s;
         max_score = std::max(max_score, s);
       }
       double denom = sinks ? std::exp(double(sinks[h]) - max_score) : 0.0;
-      std::fill(acc.begin(), acc.end(), 0.0);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float* a = acc.data();
+      const int dv = p.head_dim_v;
       for (int64_t j = first; j <= last; ++j) {
-        const double w = std::exp(double(scores[size_t(j - first)]) - max_score);
+        const float w = std::exp(scores[size_t(j - first)] - max_score);
         denom += w;
-        const float* vv = cache.v.f32_row(slot_of(j)) + int64_t(kv_head) * p.head_dim_v;
-        for (int d = 0; d < p.head_dim_v; ++d) acc[d] += w * vv[d];
+        const float* vv = cache.v.f32_row(slot_of(j)) + int64_t(kv_head) * dv;
+        for (int d = 0; d < dv; ++d) a[d] += w * vv[d];
       }
-      float* o = out.f32_row(t) + int64_t(h) * p.head_dim_v;
-      for (int d = 0; d < p.head_dim_v; ++d) o[d] = float(acc[d] / denom);
+      float* o = out.f32_row(t) + int64_t(h) * dv;
+      const float inv = float(1.0 / denom);
+      for (int d = 0; d < dv; ++d) o[d] = a[d] * inv;
     }
   });
 }
