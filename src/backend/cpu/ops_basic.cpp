@@ -4,8 +4,10 @@
 #include <cstring>
 #include <limits>
 
+#include "backend/cpu/activations_avx512.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/ops.h"
+#include "core/cpu_features.h"
 #include "quant/quant.h"
 
 namespace kiln::cpu {
@@ -141,11 +143,16 @@ void glu(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& 
   basic_ops::same_shape(gate, up, "glu");
   basic_ops::same_shape(gate, out, "glu");
   const int64_t n = gate.ne[0];
+  const bool simd = cpu_features().avx512;
   parallel_items(pool, gate.rows(), gate.ne[0] * 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* g = f32_row(gate, r);
       const float* u = f32_row(up, r);
       float* y = f32_row(out, r);
+      if (params.act == Activation::Silu && simd) {  // vectorized exp: 4.5% of pp64 when scalar
+        avx512::silu_mul(g, u, y, n);
+        continue;
+      }
       for (int64_t i = 0; i < n; ++i) {
         switch (params.act) {
           case Activation::Silu: y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i]; break;
