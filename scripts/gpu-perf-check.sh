@@ -2,7 +2,7 @@
 # One device call for decode-speed work: CUDA tests, the kernel benchmark (quick) and
 # `kiln bench -p 512 -n 128 -r 3` on synthetic Llama-3-8B models, logs under $OUT.
 # Runs binaries built on the development machine when they are carried as
-# .cudaperf-bin/bin.tgz (kiln, test_cuda, bench_cuda_kernels_bench and the shared libraries
+# $KILN_BIN_TGZ (default .cudaperf-bin/bin.tgz) (kiln, test_cuda, bench_cuda_kernels_bench and the shared libraries
 # they need that the GPU image lacks); otherwise builds them here. Carry .device-testdata
 # (see gpu-model-check.sh) for the architecture tests and .devicedeps for a build.
 #
@@ -19,7 +19,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 BIN=/tmp/kiln-bin
 mkdir -p "$BIN"
 export LD_LIBRARY_PATH=$BIN:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-if [ -f .cudaperf-bin/bin.tgz ]; then tar xzf .cudaperf-bin/bin.tgz -C "$BIN"; fi
+BIN_TGZ=${KILN_BIN_TGZ:-.cudaperf-bin/bin.tgz}
+if [ -f "$BIN_TGZ" ]; then tar xzf "$BIN_TGZ" -C "$BIN"; fi
 if ! "$BIN/test_cuda" --gtest_list_tests > /dev/null 2> "$OUT/carried.err"; then
   stamp "carried binaries do not run ($(head -c 200 "$OUT/carried.err")); building"
   mkdir -p /tmp/deps && for f in .devicedeps/*.deb; do dpkg -x "$f" /tmp/deps; done
@@ -45,6 +46,13 @@ bench_model() {
   stamp "synth $type done"
   timeout 120 "$BIN/kiln" bench -m "$model" -p 512 -n 128 -r 3 --device cuda > "$OUT/bench-$type.log" 2>&1
   stamp "bench $type exit $?"
+  # The same without the fused decode paths (KILN_CUDA_FUSED=0), decode only: the A/B.
+  KILN_CUDA_FUSED=0 timeout 60 "$BIN/kiln" bench -m "$model" -p 0 -n 128 -r 3 --device cuda \
+    > "$OUT/bench-$type-unfused.log" 2>&1
+  stamp "bench $type unfused exit $?"
+  KILN_CUDA_GRAPH_PIECES=96 timeout 60 "$BIN/kiln" bench -m "$model" -p 0 -n 128 -r 3 --device cuda \
+    > "$OUT/bench-$type-pieces.log" 2>&1
+  stamp "bench $type graphs of 96 ops exit $?"
   rm -f "$model"
 }
 bench_model "${types[0]}"
@@ -55,5 +63,6 @@ for type in "${types[@]:1}"; do bench_model "$type"; done
 echo "== kernels =="
 sed -n '/== summary/,$p' "$OUT/kernels.log" | grep -E "copy|matvec|quantize|attention|rmsnorm|argmax" | head -60
 echo "== kiln bench =="
-for type in "${types[@]}"; do grep -E "^\|" "$OUT/bench-$type.log"; done
+for type in "${types[@]}"; do grep -E "^\|" "$OUT/bench-$type.log"; grep -E "tg" "$OUT/bench-$type-unfused.log" | sed 's/$/ (unfused)/'
+  grep -E "tg" "$OUT/bench-$type-pieces.log" | sed 's/$/ (graphs of 96 ops)/'; done
 exit $status

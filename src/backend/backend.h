@@ -181,6 +181,15 @@ class Backend {
   virtual void add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& weight, float eps, Tensor& out);
   // out = x @ w^T (+ bias). x f32 {K, T}; w any type {K, N}; bias f32 [N] or empty; out {N, T}.
   virtual void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
+  // Several products of one input: *outs[i] = x @ ws[i]^T (+ biases[i]), for q/k/v or
+  // gate/up. A backend may run them as one launch (CUDA decode does); the default
+  // (backend_fused.cpp) calls matmul() for each. Biases may be empty tensors.
+  struct MatmulPart {
+    const Tensor* w = nullptr;
+    const Tensor* bias = nullptr;
+    Tensor* out = nullptr;
+  };
+  virtual void matmul_parts(const Tensor& x, std::span<const MatmulPart> parts);
   // Rotates x {head_dim, n_heads, T} in place by the positions [T].
   virtual void rope(Tensor& x, const Tensor& positions, const RopeParams& params);
   // Writes k {n_head_kv*head_dim_k, T} and v into the cache slots of the batch.

@@ -184,6 +184,7 @@ TestResult run_test(Bench& bench, int n_prompt, int n_gen, int repetitions) {
 
 struct ModelFacts {
   std::string filename, type;
+  std::string backend = "CPU";  // llama-bench's names: CPU, CUDA
   uint64_t size = 0, n_params = 0;
   int threads = 0;
 };
@@ -201,7 +202,7 @@ void print_markdown(const ModelFacts& m, const std::vector<TestResult>& results)
                                         : fmt::format("{:.2f} K", p / 1e3);
   for (const TestResult& r : results) {
     const std::string ts = fmt::format("{:.2f} ± {:.2f}", mean(r.samples_ts), stddev(r.samples_ts));
-    fmt::print("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |\n", m.type, size, params, "CPU",
+    fmt::print("| {:<30} | {:>10} | {:>10} | {:<10} | {:>7} | {:>15} | {:>20} |\n", m.type, size, params, m.backend,
                m.threads, r.name, ts);
   }
 }
@@ -213,7 +214,7 @@ void print_json(const ModelFacts& m, const std::vector<TestResult>& results) {
     const std::vector<double> ns = as_double(r.samples_ns);
     nlohmann::ordered_json j;
     j["cpu_info"] = cpu;
-    j["backends"] = "CPU";
+    j["backends"] = m.backend;
     j["model_filename"] = m.filename;
     j["model_type"] = m.type;
     j["model_size"] = m.size;
@@ -246,6 +247,7 @@ void run(const BenchCli& cli) {
   ModelFacts facts;
   facts.filename = cli.model.path;
   if (auto* cpu = dynamic_cast<CpuBackend*>(m.backend.get())) facts.threads = cpu->pool().size();
+  if (m.backend->device() == Device::Cuda) facts.backend = "CUDA";
   if (m.file) {
     for (const gguf::TensorInfo& t : m.file->tensors()) {
       facts.size += t.bytes;

@@ -23,9 +23,8 @@ Tensor build_attention(ForwardPass& p, int il, const Tensor& x) {
   Tensor q = p.scratch("q", int64_t(hp.n_head) * hp.head_dim_k, T);
   Tensor k = p.scratch("k", int64_t(hp.n_head_kv) * hp.head_dim_k, T);
   Tensor v = p.scratch("v", int64_t(hp.n_head_kv) * hp.head_dim_v, T);
-  be.matmul(x, lw.wq, lw.bq, q);
-  be.matmul(x, lw.wk, lw.bk, k);
-  be.matmul(x, lw.wv, lw.bv, v);
+  const Backend::MatmulPart qkv[] = {{&lw.wq, &lw.bq, &q}, {&lw.wk, &lw.bk, &k}, {&lw.wv, &lw.bv, &v}};
+  be.matmul_parts(x, qkv);  // one launch on backends that can
   p.observe(q, "Qcur", il);
   p.observe(k, "Kcur", il);
   p.observe(v, "Vcur", il);
@@ -81,8 +80,8 @@ Tensor build_ffn(ForwardPass& p, int il, const Tensor& x, const GluParams& act) 
   const int64_t n_ff = lw.ffn_gate.ne[1];
   Tensor gate = p.scratch("ffn_gate", n_ff, p.n_tokens);
   Tensor up = p.scratch("ffn_up", n_ff, p.n_tokens);
-  p.backend.matmul(x, lw.ffn_gate, lw.ffn_gate_b, gate);
-  p.backend.matmul(x, lw.ffn_up, lw.ffn_up_b, up);
+  const Backend::MatmulPart gate_up[] = {{&lw.ffn_gate, &lw.ffn_gate_b, &gate}, {&lw.ffn_up, &lw.ffn_up_b, &up}};
+  p.backend.matmul_parts(x, gate_up);
   p.backend.glu(gate, up, act, gate);
   p.observe(gate, "ffn_act", il);
   Tensor out = p.scratch("ffn_out", p.hp.n_embd, p.n_tokens);

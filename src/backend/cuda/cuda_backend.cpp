@@ -3,7 +3,9 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/dequant.h"
 #include "backend/cuda/device.h"
@@ -44,6 +46,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   KILN_CHECK(options.device >= 0 && size_t(options.device) < devices.size(),
              "cuda backend: device {} does not exist ({} found)", options.device, devices.size());
   device_sms_ = devices[size_t(options.device)].multiprocessors;
+  if (const char* env = std::getenv("KILN_CUDA_FUSED"); env && std::string(env) == "0") options_.fused = false;
   check(cudaSetDevice(options.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuda backend: cublasCreate failed");

@@ -27,6 +27,9 @@ struct CudaOptions {
   bool exact = false;        // f32 everywhere (see above)
   bool graphs = true;        // capture and replay decode passes
   int graph_max_tokens = 8;  // passes of at most this many tokens are graphed
+  // Fused decode paths: matmul_parts as one launch, int8 copies written by rmsnorm / glu.
+  // The environment's KILN_CUDA_FUSED=0 turns them off (to measure what they save).
+  bool fused = true;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -55,6 +58,7 @@ class CudaBackend final : public Backend {
   void rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& weight, float eps, Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
+  void matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) override;
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
   void kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) override;
   void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& params,
@@ -100,6 +104,12 @@ class CudaBackend final : public Backend {
     bool operator==(const QuantizedInput&) const = default;
   };
   QuantizedInput quantized_input_;
+  // Ops whose output feeds a matmul (rmsnorm, glu) also write its int8 copy: the scratch the
+  // matmul would quantize into (row stride *row_bytes), or null where it would not take one
+  // (exact mode, more than a decode batch of rows, width not a multiple of 32 or too small).
+  uint8_t* q8_for_next_matmul(int64_t cols, int64_t rows, int64_t* row_bytes);
+  // After recording such an op: the next matmul over x reuses its int8 copy.
+  void remember_q8(const float* x, int64_t cols, int64_t rows, int64_t stride, uint8_t* q8);
 
   CudaOptions options_;
   cudaStream_t stream_ = nullptr;

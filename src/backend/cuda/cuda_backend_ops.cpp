@@ -74,6 +74,9 @@ struct Sig {
   }
 };
 
+// Bytes per token of the int8 input copies (the same for every quantized weight type).
+size_t q8_row_bytes(int64_t cols) { return (cuda::matvec_scratch_bytes(GgmlType::Q4_0, cols) + 255) / 256 * 256; }
+
 Tensor bias_of(const Tensor& stacked, int64_t expert) {
   if (stacked.empty()) return {};
   return Tensor::contiguous(GgmlType::F32, {stacked.ne[0]}, stacked.row_ptr(expert), Device::Cuda, stacked.name);
@@ -103,6 +106,16 @@ void CudaBackend::get_rows(const Tensor& table, const Tensor& ids, Tensor& out) 
   }, "get_rows");
 }
 
+uint8_t* CudaBackend::q8_for_next_matmul(int64_t cols, int64_t rows, int64_t* row_bytes) {
+  if (options_.exact || !options_.fused || rows > kMatvecMaxTokens || cols % 32 != 0 || cols < 512) return nullptr;
+  *row_bytes = int64_t(q8_row_bytes(cols));
+  return static_cast<uint8_t*>(scratch(q8_scratch_, size_t(*row_bytes) * kMatvecMaxTokens));
+}
+
+void CudaBackend::remember_q8(const float* x, int64_t cols, int64_t rows, int64_t stride, uint8_t* q8) {
+  if (q8) quantized_input_ = QuantizedInput{x, cols, rows, stride, q8};
+}
+
 void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   require_f32(x, "rmsnorm", "x");
   require_f32(out, "rmsnorm", "out");
@@ -115,8 +128,10 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tens
   a.weight = weight.empty() ? nullptr : weight.as<float>();
   a.eps = eps, a.rows = x.rows(), a.dim = x.ne[0];
   a.y = out.as<float>(), a.y_stride = stride_of(out, "rmsnorm", "out");
-  record(Sig(Op::RmsNorm).t(x).t(weight).t(out).v(eps).h, x.rows(), [=](cudaStream_t s) { return cuda::rmsnorm(a, s); },
-         "rmsnorm");
+  a.q8 = q8_for_next_matmul(a.dim, a.rows, &a.q8_row_bytes);
+  record(Sig(Op::RmsNorm).t(x).t(weight).t(out).v(eps).v(a.q8).h, x.rows(),
+         [=](cudaStream_t s) { return cuda::rmsnorm(a, s); }, "rmsnorm");
+  remember_q8(a.y, a.dim, a.rows, a.y_stride, a.q8);
 }
 
 void CudaBackend::add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
@@ -132,8 +147,10 @@ void CudaBackend::add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& w
   a.weight = weight.empty() ? nullptr : weight.as<float>();
   a.eps = eps, a.rows = x.rows(), a.dim = x.ne[0];
   a.y = out.as<float>(), a.y_stride = stride_of(out, "add_rmsnorm", "out");
-  record(Sig(Op::AddRmsNorm).t(x).t(residual).t(weight).t(out).v(eps).h, x.rows(),
+  a.q8 = q8_for_next_matmul(a.dim, a.rows, &a.q8_row_bytes);
+  record(Sig(Op::AddRmsNorm).t(x).t(residual).t(weight).t(out).v(eps).v(a.q8).h, x.rows(),
          [=](cudaStream_t s) { return cuda::rmsnorm(a, s); }, "add_rmsnorm");
+  remember_q8(a.y, a.dim, a.rows, a.y_stride, a.q8);
 }
 
 void CudaBackend::add_bias(const Tensor& bias, Tensor& out) {
@@ -172,7 +189,7 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
       bp = bias.as<float>();
     }
     // One int8 copy of each input row, kept for the matmuls that follow over the same x.
-    const size_t per_token = (cuda::matvec_scratch_bytes(type, K) + 255) / 256 * 256;
+    const size_t per_token = q8_row_bytes(K);
     auto* q8 = static_cast<uint8_t*>(scratch(q8_scratch_, per_token * kMatvecMaxTokens));
     const QuantizedInput input{xp, K, T, xs, q8};
     const bool reuse = quantized_input_ == input;
@@ -394,8 +411,10 @@ void CudaBackend::glu(const Tensor& gate, const Tensor& up, const GluParams& p, 
   a.rows = gate.rows(), a.n = gate.ne[0];
   a.out = out.as<float>(), a.out_stride = stride_of(out, "glu", "out");
   a.alpha = p.alpha, a.limit = p.limit;
-  record(Sig(Op::Glu).t(gate).t(up).t(out).v(p.act).v(p.alpha).v(p.limit).h, gate.rows(),
+  if (cuda::glu_can_quantize(a)) a.q8 = q8_for_next_matmul(a.n, a.rows, &a.q8_row_bytes);
+  record(Sig(Op::Glu).t(gate).t(up).t(out).v(p.act).v(p.alpha).v(p.limit).v(a.q8).h, gate.rows(),
          [=](cudaStream_t s) { return cuda::glu(a, s); }, "glu");
+  remember_q8(a.out, a.n, a.rows, a.out_stride, a.q8);
 }
 
 void CudaBackend::softmax(const Tensor& x, Tensor& out) {

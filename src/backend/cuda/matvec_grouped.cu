@@ -17,6 +17,9 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/matvec_grouped.h"
 
+#include <climits>
+#include <string>
+
 namespace kiln::cuda {
 namespace detail {
 
@@ -79,11 +82,37 @@ size_t grouped_smem_bytes(int64_t cols) {
          size_t(kGroupedWarps) * kGroupedStages * kWarpSize * group_bytes<Fmt>();
 }
 
+// The matrices of one launch, stacked by rows: global row r belongs to the first part whose
+// end exceeds r (ends of unused parts are INT_MAX). Several products of one x (q/k/v, gate/up)
+// thus cost one launch, and the small k/v matrices ride in the large one's waves.
+struct GroupedSegments {
+  const uint8_t* w[kMaxMatvecParts];
+  const float* add[kMaxMatvecParts];
+  float* y[kMaxMatvecParts];
+  int end[kMaxMatvecParts];
+  __device__ __forceinline__ int part_of(int row) const {
+    int p = 0;
+#pragma unroll
+    for (int i = 0; i + 1 < kMaxMatvecParts; ++i) p += row >= end[i] ? 1 : 0;
+    return p;
+  }
+  // Selects instead of a run-time index: an indexed kernel parameter would be copied to local
+  // memory (a stack frame in the compiler's report).
+  template <typename T>
+  __device__ __forceinline__ static T pick(const T (&v)[kMaxMatvecParts], int part) {
+    T r = v[0];
+#pragma unroll
+    for (int i = 1; i < kMaxMatvecParts; ++i) r = part == i ? v[i] : r;
+    return r;
+  }
+  __device__ __forceinline__ int first_row(int part) const { return part == 0 ? 0 : pick(end, part - 1); }
+};
+
 // kLanesPerRow: 32 (one row per task) or 16 (two rows per task).
 template <typename Fmt, int kLanesPerRow>
 __global__ void __launch_bounds__(kGroupedThreads)
-    matvec_grouped_kernel(const uint8_t* __restrict__ w, int64_t w_row_bytes, int rows, int groups,
-                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, const float* add, float* y) {
+    matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, int rows, int groups,
+                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds) {
   constexpr int kG = group_bytes<Fmt>();
   constexpr int kUnits = kG / 16;
   constexpr int kSlots = kWarpSize / kLanesPerRow;  // rows per task
@@ -114,7 +143,8 @@ __global__ void __launch_bounds__(kGroupedThreads)
       for (int s = 0; s < kSlots; ++s) {
         const int row = task * kSlots + s;
         if (row >= rows) break;
-        const uint8_t* src = w + int64_t(row) * w_row_bytes + int64_t(first_group) * kG;
+        const int part = seg.part_of(row);
+        const uint8_t* src = GroupedSegments::pick(seg.w, part) + int64_t(row - seg.first_row(part)) * w_row_bytes + int64_t(first_group) * kG;
         uint8_t* dst = dst_stage + s * kLanesPerRow * kG;
         for (int p = lane; p < n_pieces; p += kWarpSize) cp_async_16(dst + 16 * p, src + 16 * p);
       }
@@ -167,8 +197,11 @@ __global__ void __launch_bounds__(kGroupedThreads)
 #pragma unroll
       for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
       if (li == 0 && row < rows) {
-        if (add) v += add[row];
-        y[row] = v;
+        const int part = seg.part_of(row);
+        const int local = row - seg.first_row(part);
+        const float* add = GroupedSegments::pick(seg.add, part);
+        if (add) v += add[local];
+        GroupedSegments::pick(seg.y, part)[local] = v;
       }
       acc = 0.0f;
     }
@@ -177,9 +210,10 @@ __global__ void __launch_bounds__(kGroupedThreads)
 }
 
 template <typename Fmt, int kLanesPerRow>
-Status launch_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
+Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
+                      const Q8Vector& xq, cudaStream_t stream) {
   auto kernel = matvec_grouped_kernel<Fmt, kLanesPerRow>;
-  const size_t smem = grouped_smem_bytes<Fmt>(a.cols);
+  const size_t smem = grouped_smem_bytes<Fmt>(cols);
   // Per kernel: the dynamic shared-memory limit raised once, resident blocks per SM for the
   // largest size seen (smaller sizes fit at least as many).
   static int attribute_set = 0, sms = 0;
@@ -201,19 +235,26 @@ Status launch_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stre
     occupancy_smem = smem;
   }
   constexpr int kSlots = kWarpSize / kLanesPerRow;
-  const int64_t tasks = (a.rows + kSlots - 1) / kSlots;
+  const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   const int grid = int(min64(blocks_needed, int64_t(max(1, blocks_per_sm)) * max(1, sms)));
-  kernel<<<grid, kGroupedThreads, smem, stream>>>(static_cast<const uint8_t*>(a.w), a.w_row_bytes, int(a.rows),
-                                                   int(a.cols / kGroupElems), xq.qs, xq.ds, a.add, a.y);
+  kernel<<<grid, kGroupedThreads, smem, stream>>>(seg, w_row_bytes, int(total_rows), int(cols / kGroupElems), xq.qs,
+                                                   xq.ds);
   return launch_status("matvec_grouped_kernel");
 }
 
 template <typename Fmt>
-Status dispatch_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
-  if (a.cols / kGroupElems <= 16) return launch_grouped<Fmt, 16>(a, xq, stream);
-  return launch_grouped<Fmt, 32>(a, xq, stream);
+Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
+                        const Q8Vector& xq, cudaStream_t stream) {
+  if (cols / kGroupElems <= 16) return launch_grouped<Fmt, 16>(seg, total_rows, cols, w_row_bytes, xq, stream);
+  return launch_grouped<Fmt, 32>(seg, total_rows, cols, w_row_bytes, xq, stream);
 }
+
+size_t smem_for(GgmlType type, int64_t cols) {
+  return type == GgmlType::Q4_0 ? grouped_smem_bytes<GroupQ4_0>(cols) : grouped_smem_bytes<GroupQ8_0>(cols);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace detail
 
@@ -221,16 +262,50 @@ bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
   if (a.type != GgmlType::Q4_0 && a.type != GgmlType::Q8_0) return false;
   if (a.rows_per_warp != 0 || a.warps_per_row != 0) return false;  // tuning knobs: the general kernel
   if (a.cols % detail::kGroupElems != 0 || a.rows >= (int64_t(1) << 30)) return false;
-  if (reinterpret_cast<uintptr_t>(a.w) % 16 != 0 || a.w_row_bytes % 16 != 0) return false;
-  if (reinterpret_cast<uintptr_t>(xq.qs) % 16 != 0 || reinterpret_cast<uintptr_t>(xq.ds) % 16 != 0) return false;
-  const size_t smem = a.type == GgmlType::Q4_0 ? detail::grouped_smem_bytes<detail::GroupQ4_0>(a.cols)
-                                               : detail::grouped_smem_bytes<detail::GroupQ8_0>(a.cols);
-  return smem <= 200 * 1024;
+  if (!detail::aligned16(a.w) || a.w_row_bytes % 16 != 0) return false;
+  if (!detail::aligned16(xq.qs) || !detail::aligned16(xq.ds)) return false;
+  return detail::smem_for(a.type, a.cols) <= 200 * 1024;
+}
+
+bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                      const Q8Vector& xq) {
+  if (parts.empty() || parts.size() > size_t(kMaxMatvecParts)) return false;
+  int64_t total = 0;
+  for (const MatvecPart& p : parts) {
+    MatvecArgs a;
+    a.type = type, a.w = p.w, a.w_row_bytes = w_row_bytes, a.rows = p.rows, a.cols = cols;
+    if (p.rows <= 0 || !p.y || !matvec_grouped_fits(a, xq)) return false;
+    total += p.rows;
+  }
+  return total < (int64_t(1) << 30);
+}
+
+Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                       const Q8Vector& xq, cudaStream_t stream) {
+  if (!matvec_parts_fit(type, cols, w_row_bytes, parts, xq) || xq.n != cols)
+    return Status::invalid("matvec_q8_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
+                           " columns do not fit the grouped kernel (q4_0 / q8_0, 16-byte aligned, at most " +
+                           std::to_string(kMaxMatvecParts) + " parts)");
+  detail::GroupedSegments seg{};
+  int64_t total = 0;
+  for (int i = 0; i < kMaxMatvecParts; ++i) {
+    if (size_t(i) < parts.size()) {
+      seg.w[i] = static_cast<const uint8_t*>(parts[size_t(i)].w);
+      seg.add[i] = parts[size_t(i)].add;
+      seg.y[i] = parts[size_t(i)].y;
+      total += parts[size_t(i)].rows;
+      seg.end[i] = int(total);
+    } else {
+      seg.end[i] = INT_MAX;
+    }
+  }
+  if (type == GgmlType::Q4_0) return detail::dispatch_grouped<detail::GroupQ4_0>(seg, total, cols, w_row_bytes, xq, stream);
+  return detail::dispatch_grouped<detail::GroupQ8_0>(seg, total, cols, w_row_bytes, xq, stream);
 }
 
 Status matvec_q8_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
-  if (a.type == GgmlType::Q4_0) return detail::dispatch_grouped<detail::GroupQ4_0>(a, xq, stream);
-  return detail::dispatch_grouped<detail::GroupQ8_0>(a, xq, stream);
+  const MatvecPart part{a.w, a.rows, a.add, a.y};
+  return matvec_q8_parts(a.type, a.cols, a.w_row_bytes, std::span<const MatvecPart>(&part, 1), xq, stream);
 }
 
 }  // namespace kiln::cuda

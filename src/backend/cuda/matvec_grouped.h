@@ -1,6 +1,8 @@
 #pragma once
 // The grouped q4_0 / q8_0 decode matvec (matvec_grouped.cu): whole groups of 8 blocks per
 // lane, read with aligned 16-byte loads. matvec_q8 takes it when matvec_grouped_fits.
+#include <span>
+
 #include "backend/cuda/matvec.h"
 
 namespace kiln::cuda {
@@ -9,5 +11,20 @@ namespace kiln::cuda {
 // aligned, no tuning knobs set (those pick the general kernel).
 bool matvec_grouped_fits(const MatvecArgs& args, const Q8Vector& xq);
 Status matvec_q8_grouped(const MatvecArgs& args, const Q8Vector& xq, cudaStream_t stream);
+
+// Several products of one quantized x in one launch: y_i = W_i x + add_i for up to
+// kMaxMatvecParts matrices of one type and width (each its own allocation; their rows are
+// walked as if stacked). Every part must fit the grouped kernel (matvec_parts_fit).
+constexpr int kMaxMatvecParts = 3;
+struct MatvecPart {
+  const void* w = nullptr;     // rows x cols, row r at (uint8_t*)w + r * w_row_bytes
+  int64_t rows = 0;
+  const float* add = nullptr;  // [rows] or null; may alias y
+  float* y = nullptr;          // [rows]
+};
+bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                      const Q8Vector& xq);
+Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                       const Q8Vector& xq, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -29,6 +29,31 @@ __device__ float block_sum(float v) {
   return total;
 }
 
+// The int8 copy of a block of 32 values spread over `kLanes` lanes, 32 / kLanes values each
+// (lanes kLanes-aligned within the warp, the whole warp active): quantize_q8's arithmetic on
+// the same floats, so the same bytes. Writes the lane's values at qs and, from the block's
+// first lane, (d, d * sum) at ds.
+template <int kLanes, int kValues>
+__device__ __forceinline__ void quantize_block_spread(const float (&v)[kValues], int8_t* qs, float2* ds) {
+  static_assert(kLanes * kValues == 32, "a block is 32 values");
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kValues; ++k) amax = fmaxf(amax, fabsf(v[k]));
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
+  const float d = amax / 127.0f;
+  int sum = 0;
+#pragma unroll
+  for (int k = 0; k < kValues; ++k) {
+    const int q = d == 0.0f ? 0 : int(roundf(v[k] / d));
+    qs[k] = int8_t(q);
+    sum += q;
+  }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(kFullMask, sum, off);
+  if (threadIdx.x % kLanes == 0) *ds = make_float2(d, d * float(sum));
+}
+
 // One block per row. Few rows (decode) take 1024 threads so that a row costs one round of
 // loads per thread rather than a chain of them.
 template <int kThreads>
@@ -48,9 +73,16 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
   const float inv = rsqrtf(block_sum<kThreads>(sum_sq) / float(a.dim) + a.eps);
   const float* src = h ? h : x;
   float* y = a.y + r * a.y_stride;
-  for (int64_t i = threadIdx.x; i < a.dim; i += kThreads) {
+  int8_t* qs = a.q8 ? reinterpret_cast<int8_t*>(a.q8 + r * a.q8_row_bytes) : nullptr;
+  float2* ds = a.q8 ? reinterpret_cast<float2*>(a.q8 + r * a.q8_row_bytes + (a.dim + 15) / 16 * 16) : nullptr;
+  for (int64_t i = threadIdx.x; i < a.dim; i += kThreads) {  // warp-uniform when dim % 32 == 0
     const float v = __fmul_rn(src[i], inv);
-    y[i] = a.weight ? __fmul_rn(v, a.weight[i]) : v;
+    const float out = a.weight ? __fmul_rn(v, a.weight[i]) : v;
+    y[i] = out;
+    if (qs) {
+      const float one[1] = {out};
+      quantize_block_spread<32, 1>(one, qs + i, ds + i / 32);
+    }
   }
 }
 
@@ -129,17 +161,27 @@ __global__ void __launch_bounds__(256) glu_kernel(GluArgs a) {
       y.z = glu_value<kKind>(gv.z, uv.z, a.alpha, a.limit);
       y.w = glu_value<kKind>(gv.w, uv.w, a.alpha, a.limit);
       *reinterpret_cast<float4*>(o + i) = y;
+      if (a.q8) {  // n % 128 == 0 (glu_can_quantize): whole warps take each step
+        const float four[4] = {y.x, y.y, y.z, y.w};
+        uint8_t* row_q8 = a.q8 + r * a.q8_row_bytes;
+        quantize_block_spread<8, 4>(four, reinterpret_cast<int8_t*>(row_q8) + i,
+                                    reinterpret_cast<float2*>(row_q8 + (a.n + 15) / 16 * 16) + i / 32);
+      }
     } else {
       for (int64_t k = i; k < i + 4 && k < a.n; ++k) o[k] = glu_value<kKind>(g[k], u[k], a.alpha, a.limit);
     }
   }
 }
 
+bool glu_vector(const GluArgs& a) {
+  return a.n % 4 == 0 && a.gate_stride % 4 == 0 && a.up_stride % 4 == 0 && a.out_stride % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(a.gate) % 16 == 0 && reinterpret_cast<uintptr_t>(a.up) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+}
+
 template <GluKind kKind>
 void launch_glu(const GluArgs& a, cudaStream_t stream) {
-  const bool vector = a.n % 4 == 0 && a.gate_stride % 4 == 0 && a.up_stride % 4 == 0 && a.out_stride % 4 == 0 &&
-                      reinterpret_cast<uintptr_t>(a.gate) % 16 == 0 && reinterpret_cast<uintptr_t>(a.up) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+  const bool vector = glu_vector(a);
   const int64_t per_block = 256 * 4 * 4;  // 4 steps of 4 elements per thread
   const dim3 grid(unsigned(std::min<int64_t>((a.n + per_block - 1) / per_block, 1024)), unsigned(a.rows));
   if (vector)
@@ -219,6 +261,9 @@ Status rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   if (!a.x || !a.y || a.rows <= 0 || a.dim <= 0 || a.rows > 0x7fffffff)
     return Status::invalid("rmsnorm: x and y must be set and rows (" + std::to_string(a.rows) + ") and dim (" +
                            std::to_string(a.dim) + ") positive");
+  if (a.q8 && (a.dim % 32 != 0 || reinterpret_cast<uintptr_t>(a.q8) % 16 != 0 || a.q8_row_bytes % 16 != 0))
+    return Status::invalid("rmsnorm: the int8 copy needs dim % 32 == 0 (dim " + std::to_string(a.dim) +
+                           ") and 16-byte aligned rows");
   if (a.rows < 256 && a.dim >= 2048)
     detail::rmsnorm_kernel<1024><<<unsigned(a.rows), 1024, 0, stream>>>(a);
   else
@@ -245,9 +290,16 @@ Status rope(const RopeArgs& a, cudaStream_t stream) {
   return launch_status("rope_kernel");
 }
 
+bool glu_can_quantize(const GluArgs& a) {
+  return a.n % 128 == 0 && detail::glu_vector(a);
+}
+
 Status glu(const GluArgs& a, cudaStream_t stream) {
   if (!a.gate || !a.up || !a.out || a.rows <= 0 || a.n <= 0 || a.rows > 65535)
     return Status::invalid("glu: gate, up and out must be set, rows in 1..65535 (got " + std::to_string(a.rows) + ")");
+  if (a.q8 && (!glu_can_quantize(a) || reinterpret_cast<uintptr_t>(a.q8) % 16 != 0 || a.q8_row_bytes % 16 != 0))
+    return Status::invalid("glu: the int8 copy needs n % 128 == 0 and 16-byte aligned rows (n " + std::to_string(a.n) +
+                           ")");
   switch (a.kind) {
     case GluKind::Silu: detail::launch_glu<GluKind::Silu>(a, stream); break;
     case GluKind::GeluTanh: detail::launch_glu<GluKind::GeluTanh>(a, stream); break;

@@ -23,6 +23,10 @@ struct RmsNormArgs {
   int64_t rows = 0, dim = 0;
   float* y = nullptr;
   int64_t y_stride = 0;
+  // Optional: also writes y's int8 copy for a following matvec (matvec.h's Q8Vector of row r
+  // at q8 + r * q8_row_bytes, the bytes quantize_q8 would write). dim % 32 == 0.
+  uint8_t* q8 = nullptr;
+  int64_t q8_row_bytes = 0;
 };
 Status rmsnorm(const RmsNormArgs& args, cudaStream_t stream);
 
@@ -61,7 +65,12 @@ struct GluArgs {
   float* out = nullptr;
   int64_t out_stride = 0;
   float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
+  // Optional, as RmsNormArgs::q8: out's int8 copy for the down projection (glu_can_quantize).
+  uint8_t* q8 = nullptr;
+  int64_t q8_row_bytes = 0;
 };
+// Whether glu() can write the int8 copy too: n % 128 == 0 and 16-byte aligned rows.
+bool glu_can_quantize(const GluArgs& args);
 Status glu(const GluArgs& args, cudaStream_t stream);
 
 // out[r] = index of the largest element of row r (the first one among equals; NaNs are

@@ -1,0 +1,15 @@
+// Composed fallbacks of the fused ops in backend.h: the same result from the plain ops, so
+// a backend without a fused kernel (the CPU backend) needs nothing more.
+#include "backend/backend.h"
+#include "core/error.h"
+
+namespace kiln {
+
+void Backend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
+  for (const MatmulPart& p : parts) {
+    KILN_CHECK(p.w && p.out, "{} matmul_parts: a part lacks its weight or output", name());
+    matmul(x, *p.w, p.bias ? *p.bias : Tensor{}, *p.out);
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,115 @@
+// The CUDA backend's fused decode paths against the same products run apart, bit for bit:
+//   - matmul_parts (q/k/v or gate/up as one grouped launch) vs one matmul per weight;
+//   - rmsnorm / add_rmsnorm / glu writing the int8 copy of their output for the next matmul
+//     vs that matmul quantizing the output itself.
+// Both sides use the same int8 activations and the same per-row arithmetic, so any
+// difference is a wrong row, part, offset or scale. Outputs are poisoned (NaN) first.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_support.h"
+
+namespace kiln::testing {
+namespace {
+
+using cuda::testing::all_equal_bits;
+using cuda::testing::random_floats;
+using cuda::testing::random_rows;
+
+class FusedOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KILN_REQUIRE_GPU();
+    CudaOptions o;
+    o.graphs = false;
+    gpu_ = std::make_unique<CudaBackend>(o);
+  }
+  Tensor floats(std::initializer_list<int64_t> shape, const std::vector<float>& data) {
+    buffers_.push_back(gpu_->allocate(data.size() * sizeof(float)));
+    Tensor t = buffers_.back()->view(GgmlType::F32, shape);
+    gpu_->upload(data.data(), t, data.size() * sizeof(float));
+    return t;
+  }
+  Tensor random(std::initializer_list<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return floats(shape, random_floats(rng_, size_t(n), -1.5f, 1.5f));
+  }
+  Tensor poisoned(int64_t n, int64_t T) { return floats({n, T}, std::vector<float>(size_t(n * T), NAN)); }
+  Tensor weight(GgmlType type, int64_t K, int64_t N) {
+    const int64_t row_bytes = K / traits(type).block_size * traits(type).type_size;
+    const std::vector<uint8_t> w = random_rows(rng_, type, N, K, row_bytes);
+    buffers_.push_back(gpu_->allocate(w.size()));
+    Tensor t = buffers_.back()->view(type, {K, N});
+    gpu_->upload(w.data(), t, w.size());
+    return t;
+  }
+  std::vector<float> host(const Tensor& t) {
+    std::vector<float> v(size_t(t.elements()));
+    gpu_->download(t, v.data(), v.size() * sizeof(float));
+    return v;
+  }
+  // The product with a fresh quantization of x: a recorded no-op first forgets any int8 copy.
+  std::vector<float> apart(Tensor& x, const Tensor& w, const Tensor& bias) {
+    gpu_->scale(x, 1.0f, x);
+    Tensor y = poisoned(w.ne[1], x.ne[1]);
+    gpu_->matmul(x, w, bias, y);
+    return host(y);
+  }
+
+  std::mt19937_64 rng_{20251201};
+  std::unique_ptr<CudaBackend> gpu_;
+  std::vector<std::unique_ptr<Buffer>> buffers_;
+};
+
+TEST_F(FusedOps, MatmulPartsMatchSeparateMatmuls) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+    for (int64_t K : {512, 4096 + 256}) {
+      for (int64_t T : {1, 3}) {
+        SCOPED_TRACE(std::string(type_name(type)) + " K " + std::to_string(K) + " T " + std::to_string(T));
+        Tensor x = random({K, T});
+        const Tensor wq = weight(type, K, 200), wk = weight(type, K, 33), wv = weight(type, K, 64);
+        const Tensor bias = random({33});
+        Tensor q = poisoned(200, T), k = poisoned(33, T), v = poisoned(64, T);
+        const Tensor none;
+        gpu_->scale(x, 1.0f, x);
+        const Backend::MatmulPart parts[] = {{&wq, &none, &q}, {&wk, &bias, &k}, {&wv, nullptr, &v}};
+        gpu_->matmul_parts(x, parts);
+        EXPECT_TRUE(all_equal_bits(host(q), apart(x, wq, none), "q"));
+        EXPECT_TRUE(all_equal_bits(host(k), apart(x, wk, bias), "k (with bias)"));
+        EXPECT_TRUE(all_equal_bits(host(v), apart(x, wv, none), "v"));
+      }
+    }
+  }
+}
+
+TEST_F(FusedOps, NormAndGluInt8CopyMatchesQuantizingAgain) {
+  for (int64_t T : {1, 2}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    const int64_t D = 4096, F = 1024 + 128;
+    const Tensor norm_w = random({D});
+    const Tensor w_in = weight(GgmlType::Q4_0, D, 300), w_down = weight(GgmlType::Q8_0, F, 96);
+    const Tensor none;
+
+    Tensor x = random({D, T}), cur = poisoned(D, T), y = poisoned(300, T);
+    gpu_->rmsnorm(x, norm_w, 1e-5f, cur);
+    gpu_->matmul(cur, w_in, none, y);
+    EXPECT_TRUE(all_equal_bits(host(y), apart(cur, w_in, none), "rmsnorm -> matmul"));
+
+    Tensor residual = random({D, T}), y2 = poisoned(300, T);
+    gpu_->add_rmsnorm(x, residual, norm_w, 1e-5f, cur);
+    gpu_->matmul(cur, w_in, none, y2);
+    EXPECT_TRUE(all_equal_bits(host(y2), apart(cur, w_in, none), "add_rmsnorm -> matmul"));
+
+    Tensor gate = random({F, T}), up = random({F, T}), down = poisoned(96, T);
+    gpu_->glu(gate, up, GluParams{Activation::Silu}, gate);
+    gpu_->matmul(gate, w_down, none, down);
+    EXPECT_TRUE(all_equal_bits(host(down), apart(gate, w_down, none), "glu -> matmul"));
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
