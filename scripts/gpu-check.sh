@@ -1,6 +1,6 @@
 #!/bin/bash
-# Builds kiln's CUDA kernels, their tests and benchmarks on the lent GPU machine and runs
-# them in one go; every log lands under $OUT (the device tool brings that folder back).
+# Builds kiln's CUDA kernels, their tests and benchmarks on a GPU machine and runs
+# them in one go; every log lands under $OUT (default /tmp/kiln-gpu-out).
 # Run from the repository root, with .devicedeps carried (see ../shared/tools/device-deps.sh):
 #
 #   scripts/gpu-check.sh [all|test|bench] [extra gtest filter]

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The CUDA backend on the lent GPU machine, in one call: builds test_cuda and kiln, runs the
+# The CUDA backend on a GPU machine, in one run: builds test_cuda and kiln, runs the
 # backend's op tests and the architecture reference tests on the GPU, then measures
 # `kiln bench -p 512 -n 128` on a synthetic Llama-3-8B of each weight type given.
 # Run from the repository root, with .devicedeps and .device-testdata carried:

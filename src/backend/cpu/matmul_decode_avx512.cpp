@@ -16,7 +16,7 @@
 
 // How far ahead of the current block a row's bytes are prefetched: weights stream from
 // memory once per token, and one core keeps too few misses in flight on its own. On the
-// lent Xeon host, 2-4 KiB ahead made cold q4_0 / q4_K / q8_0 matvec 2-2.7x faster than no
+// quiet Xeon host, 2-4 KiB ahead made cold q4_0 / q4_K / q8_0 matvec 2-2.7x faster than no
 // prefetch (1 KiB: 1.6-2x); see docs/perf-notes-cpu.md.
 #ifndef KILN_DECODE_PREFETCH
 #define KILN_DECODE_PREFETCH 4096
