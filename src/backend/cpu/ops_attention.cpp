@@ -9,6 +9,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_kernels.h"
 #include "backend/cpu/ops.h"
+#include "backend/op_checks.h"
 
 namespace kiln::cpu {
 
@@ -123,22 +124,11 @@ void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, c
                ThreadPool& pool) {
   require_f32_rows(q, "attention", "q");
   require_f32_rows(out, "attention", "out");
-  KILN_CHECK(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0,
-             "attention: {} query heads cannot share {} kv heads", p.n_head, p.n_head_kv);
-  KILN_CHECK(q.ne[0] == int64_t(p.n_head) * p.head_dim_k && out.ne[0] == int64_t(p.n_head) * p.head_dim_v &&
-                 out.ne[1] == q.ne[1],
-             "attention: q {} / out {} do not fit {} heads of {} / {}", q.describe(), out.describe(), p.n_head,
-             p.head_dim_k, p.head_dim_v);
-  KILN_CHECK(cache.k.ne[0] == int64_t(p.n_head_kv) * p.head_dim_k &&
-                 cache.v.ne[0] == int64_t(p.n_head_kv) * p.head_dim_v,
-             "attention: cache rows {} / {} do not fit {} kv heads", cache.k.ne[0], cache.v.ne[0], p.n_head_kv);
+  check_attention_shapes("attention", q, cache, batch, p, out);
   const int64_t n_tokens = q.ne[1];
-  KILN_CHECK(batch.positions.elements() == n_tokens && batch.seq_rows.elements() == n_tokens,
-             "attention: batch index describes {} tokens, q has {}", batch.positions.elements(), n_tokens);
   const float* sinks = nullptr;
   if (p.sinks) {
     require_f32_rows(*p.sinks, "attention", "sinks");
-    KILN_CHECK(p.sinks->elements() == p.n_head, "attention: {} sinks for {} heads", p.sinks->elements(), p.n_head);
     sinks = p.sinks->as<float>();
   }
   const int32_t* pos = batch.positions.as<int32_t>();

@@ -10,6 +10,7 @@
 #include "backend/cuda/matvec.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_extra.h"
+#include "backend/op_checks.h"
 
 namespace kiln {
 
@@ -330,22 +331,11 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   require_f32(out, "attention", "out");
   require_f32(cache.k, "attention", "cache k");
   require_f32(cache.v, "attention", "cache v");
-  KILN_CHECK(p.n_head > 0 && p.n_head_kv > 0 && p.n_head % p.n_head_kv == 0,
-             "cuda attention: {} query heads cannot share {} kv heads", p.n_head, p.n_head_kv);
-  KILN_CHECK(q.ne[0] == int64_t(p.n_head) * p.head_dim_k && out.ne[0] == int64_t(p.n_head) * p.head_dim_v &&
-                 out.ne[1] == q.ne[1],
-             "cuda attention: q {} / out {} do not fit {} heads of {} / {}", q.describe(), out.describe(), p.n_head,
-             p.head_dim_k, p.head_dim_v);
-  KILN_CHECK(cache.k.ne[0] == int64_t(p.n_head_kv) * p.head_dim_k &&
-                 cache.v.ne[0] == int64_t(p.n_head_kv) * p.head_dim_v,
-             "cuda attention: cache rows {} / {} do not fit {} kv heads", cache.k.ne[0], cache.v.ne[0], p.n_head_kv);
+  check_attention_shapes("cuda attention", q, cache, batch, p, out);
   const int64_t T = q.ne[1];
-  KILN_CHECK(batch.positions.elements() == T && batch.seq_rows.elements() == T,
-             "cuda attention: batch index describes {} tokens, q has {}", batch.positions.elements(), T);
   const float* sinks = nullptr;
   if (p.sinks) {
     require_f32(*p.sinks, "attention", "sinks");
-    KILN_CHECK(p.sinks->elements() == p.n_head, "cuda attention: {} sinks for {} heads", p.sinks->elements(), p.n_head);
     sinks = p.sinks->as<float>();
   }
   const int64_t width = batch.block_tables.ne[0];
