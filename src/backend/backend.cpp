@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include <cstring>
+
 namespace kiln {
 
 std::string_view op_name(Op op) {
@@ -36,6 +38,28 @@ Tensor Buffer::view(GgmlType dtype, std::initializer_list<int64_t> shape, size_t
 
 std::optional<std::string> Backend::supports(Op op, std::span<const GgmlType>) const {
   return fmt::format("backend {} does not implement {}", name(), op_name(op));
+}
+
+uint64_t Backend::download_async(const Tensor& src, size_t bytes) {
+  KILN_CHECK(bytes <= kMaxAsyncDownloadBytes, "download_async: {} bytes of {} (at most {})", bytes, src.name,
+             kMaxAsyncDownloadBytes);
+  KILN_CHECK(host_copies_.size() < size_t(kMaxPendingDownloads), "download_async: {} downloads already pending",
+             host_copies_.size());
+  HostCopy copy{next_ticket_++, std::vector<uint8_t>(bytes)};
+  download(src, copy.bytes.data(), bytes);
+  host_copies_.push_back(std::move(copy));
+  return host_copies_.back().ticket;
+}
+
+void Backend::finish_download(uint64_t ticket, void* host, size_t bytes) {
+  for (auto it = host_copies_.begin(); it != host_copies_.end(); ++it) {
+    if (it->ticket != ticket) continue;
+    KILN_CHECK(bytes <= it->bytes.size(), "finish_download: {} bytes asked, {} downloaded", bytes, it->bytes.size());
+    std::memcpy(host, it->bytes.data(), bytes);
+    host_copies_.erase(it);
+    return;
+  }
+  fail("finish_download: ticket {} is not pending", ticket);
 }
 
 void Backend::unsupported(Op op) const { fail("backend {}: op {} is not implemented", name(), op_name(op)); }

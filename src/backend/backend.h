@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "backend/tensor.h"
 
@@ -170,6 +171,14 @@ class Backend {
   virtual void upload(const void* host, const Tensor& dst, size_t bytes) = 0;
   virtual void download(const Tensor& src, void* host, size_t bytes) = 0;
   virtual void synchronize() {}
+  // A download that does not wait: the copy is queued behind the ops recorded so far, and
+  // finish_download() waits for it and hands the bytes over. Meant for a few bytes per step
+  // (sampled tokens), so that the host can queue the next step before this one is done.
+  // Tickets complete in order; at most kMaxPendingDownloads may be unfinished at once.
+  static constexpr int kMaxPendingDownloads = 8;
+  static constexpr size_t kMaxAsyncDownloadBytes = 4096;
+  virtual uint64_t download_async(const Tensor& src, size_t bytes);
+  virtual void finish_download(uint64_t ticket, void* host, size_t bytes);
 
   // Ops. Shapes are written ne-innermost-first; T = tokens in the batch.
 
@@ -241,6 +250,16 @@ class Backend {
 
  protected:
   [[noreturn]] void unsupported(Op op) const;
+
+ private:
+  // download_async() of backends whose download() completes at once (the CPU): the bytes
+  // are copied when asked for and kept here until finish_download().
+  struct HostCopy {
+    uint64_t ticket = 0;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<HostCopy> host_copies_;
+  uint64_t next_ticket_ = 1;
 };
 
 }  // namespace kiln

@@ -1,7 +1,11 @@
 // `kiln bench -m MODEL`: prompt processing and generation speed, measured the way
 // llama-bench measures them, and printed in its layouts, so the figures compare directly:
 //   ppP: one forward pass over P random tokens, from an empty cache;
-//   tgN: N single-token forward passes, from an empty cache.
+//   tgN: N single-token forward passes, from an empty cache. By default each step decodes
+//        the previous step's argmax, taken and fed back on the device (greedy decoding as
+//        `kiln run --temp 0` does it), and the host queues the next step before reading the
+//        token; --host-tokens feeds random tokens from the host and waits for every step's
+//        logits instead, as llama-bench does.
 // Each test runs once to warm up, then `repetitions` times; tokens/s is reported as the
 // mean and sample standard deviation over the repetitions.
 #include <fmt/core.h>
@@ -31,6 +35,7 @@ struct BenchCli {
   int repetitions = 3;
   std::string output = "md";
   uint64_t seed = 1234;
+  bool host_tokens = false;
 };
 
 struct TestResult {
@@ -140,6 +145,23 @@ class Bench {
     return elapsed_ns(start);
   }
 
+  // Nanoseconds for n greedy single-token passes, from an empty cache, the tokens fed back
+  // on the device; one step is queued ahead of the one whose token the host reads.
+  uint64_t generate_greedy(int n) {
+    const std::vector<int32_t> first = random_tokens(1, model_.hparams().n_vocab, rng_);
+    cache_.truncate(seq_, 0);
+    Batch batch;
+    const auto start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      batch.clear();
+      batch.add(i == 0 ? first[0] : 0, i, seq_, true);
+      model_.forward_greedy(batch, cache_, /*feed_back=*/i > 0);
+      if (model_.pending_greedy() > 1) model_.take_greedy();
+    }
+    while (model_.pending_greedy() > 0) model_.take_greedy();
+    return elapsed_ns(start);
+  }
+
   // Nanoseconds for n single-token passes, from an empty cache.
   uint64_t generate(int n) {
     const std::vector<int32_t> ids = random_tokens(n, model_.hparams().n_vocab, rng_);
@@ -165,14 +187,17 @@ class Bench {
   std::vector<float> logits_;
 };
 
-TestResult run_test(Bench& bench, int n_prompt, int n_gen, int repetitions) {
+TestResult run_test(Bench& bench, int n_prompt, int n_gen, int repetitions, bool host_tokens) {
   TestResult r;
   r.n_prompt = n_prompt;
   r.n_gen = n_gen;
   r.name = n_prompt > 0 ? fmt::format("pp{}", n_prompt) : fmt::format("tg{}", n_gen);
   r.test_time = utc_now();
   const int tokens = n_prompt > 0 ? n_prompt : n_gen;
-  auto once = [&] { return n_prompt > 0 ? bench.prompt(n_prompt) : bench.generate(n_gen); };
+  auto once = [&] {
+    if (n_prompt > 0) return bench.prompt(n_prompt);
+    return host_tokens ? bench.generate(n_gen) : bench.generate_greedy(n_gen);
+  };
   once();  // warm-up: first-touch of weights and scratch, thread start-up
   for (int i = 0; i < repetitions; ++i) {
     const uint64_t ns = once();
@@ -207,7 +232,7 @@ void print_markdown(const ModelFacts& m, const std::vector<TestResult>& results)
   }
 }
 
-void print_json(const ModelFacts& m, const std::vector<TestResult>& results) {
+void print_json(const ModelFacts& m, const std::vector<TestResult>& results, bool host_tokens) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   const std::string cpu = cpu_model_name();
   for (const TestResult& r : results) {
@@ -229,6 +254,7 @@ void print_json(const ModelFacts& m, const std::vector<TestResult>& results) {
     j["stddev_ts"] = stddev(r.samples_ts);
     j["samples_ns"] = r.samples_ns;
     j["samples_ts"] = r.samples_ts;
+    if (r.n_gen > 0) j["tg_tokens"] = host_tokens ? "host" : "device";
     out.push_back(j);
   }
   fmt::print("{}\n", out.dump(2));
@@ -259,10 +285,10 @@ void run(const BenchCli& cli) {
 
   Bench bench(*m.model, m.n_ctx, cli.seed);
   std::vector<TestResult> results;
-  if (cli.n_prompt > 0) results.push_back(run_test(bench, cli.n_prompt, 0, cli.repetitions));
-  if (cli.n_gen > 0) results.push_back(run_test(bench, 0, cli.n_gen, cli.repetitions));
+  if (cli.n_prompt > 0) results.push_back(run_test(bench, cli.n_prompt, 0, cli.repetitions, cli.host_tokens));
+  if (cli.n_gen > 0) results.push_back(run_test(bench, 0, cli.n_gen, cli.repetitions, cli.host_tokens));
   if (cli.output == "md") print_markdown(facts, results);
-  else print_json(facts, results);
+  else print_json(facts, results, cli.host_tokens);
 }
 
 }  // namespace
@@ -276,6 +302,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-r,--repetitions", cli->repetitions, "Measured runs of each test")->capture_default_str();
   cmd->add_option("-o,--output", cli->output, "md (llama-bench's table) or json (its records)")->capture_default_str();
   cmd->add_option("--seed", cli->seed, "Seed of the random prompt tokens")->capture_default_str();
+  cmd->add_flag("--host-tokens", cli->host_tokens,
+                "tg: feed random tokens from the host and wait for each step's logits (llama-bench's way); "
+                "default: greedy, each step's argmax fed back on the device without waiting");
   cmd->callback([cli] { run(*cli); });
 }
 

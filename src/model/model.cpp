@@ -69,7 +69,7 @@ std::vector<float> Model::forward(const Batch& batch, KvCache& cache) {
   return logits;
 }
 
-void Model::forward(const Batch& batch, KvCache& cache, float* logits) {
+ForwardPass Model::begin_pass(const Batch& batch, KvCache& cache, bool tokens_on_device) {
   const int64_t n = batch.size();
   KILN_CHECK(n > 0, "forward: empty batch");
   KILN_CHECK(batch.positions.size() == size_t(n) && batch.seq_ids.size() == size_t(n) &&
@@ -84,8 +84,8 @@ void Model::forward(const Batch& batch, KvCache& cache, float* logits) {
     const int seq = batch.seq_ids[size_t(t)];
     const int32_t pos = batch.positions[size_t(t)];
     const int32_t token = batch.tokens[size_t(t)];
-    KILN_CHECK(token >= 0 && token < hp_.n_vocab, "forward: token {} at batch row {} outside the vocabulary of {}",
-               token, t, hp_.n_vocab);
+    KILN_CHECK(tokens_on_device || (token >= 0 && token < hp_.n_vocab),
+               "forward: token {} at batch row {} outside the vocabulary of {}", token, t, hp_.n_vocab);
     KILN_CHECK(cache.has_sequence(seq), "forward: batch row {} names sequence {}, which the cache does not hold", t,
                seq);
     KILN_CHECK(pos >= 0, "forward: negative position {} at batch row {}", pos, t);
@@ -101,10 +101,11 @@ void Model::forward(const Batch& batch, KvCache& cache, float* logits) {
   pass.n_outputs = n_out;
   auto upload_i32 = [&](const char* name, const int32_t* data, int64_t count) {
     Tensor t = pass.scratch(name, std::max<int64_t>(count, 1), 1, GgmlType::I32).reshape({std::max<int64_t>(count, 1)});
-    if (count > 0) backend_.upload(data, t, size_t(count) * sizeof(int32_t));
+    if (count > 0 && data) backend_.upload(data, t, size_t(count) * sizeof(int32_t));
     return t;
   };
-  pass.tokens = upload_i32("in_tokens", batch.tokens.data(), n);
+  // Tokens on the device: the previous greedy step left them in in_tokens.
+  pass.tokens = upload_i32("in_tokens", tokens_on_device ? nullptr : batch.tokens.data(), n);
   pass.index.positions = upload_i32("in_positions", batch.positions.data(), n);
   pass.index.seq_rows = upload_i32("in_seq_rows", batch.seq_ids.data(), n);
   pass.index.slots = upload_i32("in_slots", host_slots_.data(), n);
@@ -114,11 +115,46 @@ void Model::forward(const Batch& batch, KvCache& cache, float* logits) {
   pass.index.max_position = max_position;
   // With no logits wanted the pass still runs: it fills the cache (the head is skipped).
   pass.logits = pass.scratch("logits", hp_.n_vocab, std::max<int64_t>(n_out, 1)).rows_view(0, n_out);
+  return pass;
+}
 
+void Model::forward(const Batch& batch, KvCache& cache, float* logits) {
+  KILN_CHECK(pending_greedy_.empty(), "forward: {} greedy steps are still pending", pending_greedy_.size());
+  ForwardPass pass = begin_pass(batch, cache, /*tokens_on_device=*/false);
   arch_->forward(pass);
-
   backend_.synchronize();
-  if (n_out > 0) backend_.download(pass.logits, logits, size_t(n_out) * size_t(hp_.n_vocab) * sizeof(float));
+  if (pass.n_outputs > 0)
+    backend_.download(pass.logits, logits, size_t(pass.n_outputs) * size_t(hp_.n_vocab) * sizeof(float));
+}
+
+void Model::forward_greedy(const Batch& batch, KvCache& cache, bool feed_back) {
+  KILN_CHECK(pending_greedy_.size() < size_t(Backend::kMaxPendingDownloads),
+             "forward_greedy: {} steps pending; take_greedy() the oldest first", pending_greedy_.size());
+  KILN_CHECK(!feed_back || int64_t(batch.size()) == last_greedy_outputs_,
+             "forward_greedy: {} tokens fed back, but the previous step produced {}", batch.size(),
+             last_greedy_outputs_);
+  ForwardPass pass = begin_pass(batch, cache, feed_back);
+  KILN_CHECK(pass.n_outputs > 0, "forward_greedy: the batch wants no logits");
+  KILN_CHECK(size_t(pass.n_outputs) * sizeof(int32_t) <= Backend::kMaxAsyncDownloadBytes,
+             "forward_greedy: {} outputs in one step (at most {})", pass.n_outputs,
+             Backend::kMaxAsyncDownloadBytes / sizeof(int32_t));
+  arch_->forward(pass);
+  // The argmax overwrites the start of in_tokens, after this pass has read it: the ops run
+  // in order, and the next step reads its tokens from there.
+  Tensor next = pass.scratch("in_tokens", pass.n_outputs, 1, GgmlType::I32).reshape({pass.n_outputs});
+  backend_.argmax(pass.logits, next);
+  pending_greedy_.push_back({backend_.download_async(next, size_t(pass.n_outputs) * sizeof(int32_t)),
+                             pass.n_outputs});
+  last_greedy_outputs_ = pass.n_outputs;
+}
+
+std::vector<int32_t> Model::take_greedy() {
+  KILN_CHECK(!pending_greedy_.empty(), "take_greedy: no greedy step is pending");
+  const PendingGreedy step = pending_greedy_.front();
+  pending_greedy_.pop_front();
+  std::vector<int32_t> tokens(size_t(step.n_outputs));
+  backend_.finish_download(step.ticket, tokens.data(), tokens.size() * sizeof(int32_t));
+  return tokens;
 }
 
 }  // namespace kiln

@@ -9,6 +9,7 @@
 //   int seq = cache.add_sequence();
 //   Batch batch;  for (...) batch.add(token, pos, seq, want_logits);
 //   std::vector<float> logits = model->forward(batch, cache);   // [n_outputs][n_vocab]
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -38,11 +39,24 @@ class Model {
   void forward(const Batch& batch, KvCache& cache, float* logits);
   std::vector<float> forward(const Batch& batch, KvCache& cache);
 
+  // Greedy decoding that stays on the device. Runs the batch like forward(), takes the
+  // argmax of each output row on the device and keeps it there as the next step's input;
+  // returns without waiting for the device. With `feed_back`, the batch's token values are
+  // ignored: its tokens are the previous step's argmaxes (the batch then has exactly as many
+  // tokens as that step had outputs). So the host can queue step n+1 while the device still
+  // runs step n. take_greedy() waits for the oldest queued step and returns its tokens.
+  // At most Backend::kMaxPendingDownloads steps may be waiting; forward() needs none pending.
+  void forward_greedy(const Batch& batch, KvCache& cache, bool feed_back);
+  std::vector<int32_t> take_greedy();
+  size_t pending_greedy() const { return pending_greedy_.size(); }
+
   // Sees every named intermediate of later passes (nullptr to stop).
   void set_debug_hook(DebugHook hook) { hook_ = std::move(hook); }
 
  private:
   Model(Backend& backend) : backend_(backend) {}
+  // Host work of a pass (slots, uploads of the batch description) up to the architecture.
+  ForwardPass begin_pass(const Batch& batch, KvCache& cache, bool tokens_on_device);
 
   Backend& backend_;
   const Architecture* arch_ = nullptr;
@@ -52,6 +66,12 @@ class Model {
   DebugHook hook_;
   // Host staging of the batch description, reused across calls.
   std::vector<int32_t> host_rows_, host_slots_;
+  struct PendingGreedy {
+    uint64_t ticket = 0;
+    int64_t n_outputs = 0;
+  };
+  std::deque<PendingGreedy> pending_greedy_;
+  int64_t last_greedy_outputs_ = 0;
 };
 
 }  // namespace kiln

@@ -115,6 +115,23 @@ TEST_P(CudaArchReference, GreedyDecodeMatchesTransformers) {
               (long long)cuda->graphs().eager_passes());
 }
 
+// The same with the tokens fed back on the device and the host one step ahead.
+TEST_P(CudaArchReference, GreedyOnDeviceMatchesTransformers) {
+  KILN_REQUIRE_GPU();
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
+  KILN_REQUIRE_TESTDATA(gguf_path, "arch/" + name + ".gguf");
+  const nlohmann::json ref = read_json(ref_path);
+  const std::vector<int32_t> expected = to_ids(ref["greedy_continuation_ids"]);
+  auto backend = std::make_unique<CudaBackend>(CudaOptions{});
+  CudaBackend* cuda = backend.get();
+  DeviceModel m(gguf_path, std::move(backend));
+  const std::vector<int32_t> got =
+      greedy_decode_on_device(*m.model, *cuda, to_ids(ref["greedy_prompt_ids"]), int(expected.size()));
+  expect_same_tokens(got, expected, "cuda " + name);
+  EXPECT_GE(cuda->graphs().replays(), int64_t(expected.size()) - 3) << name << ": decode steps were not replayed";
+}
+
 TEST_P(CudaArchReference, ExactModeMatchesCpu) {
   KILN_REQUIRE_GPU();
   const std::string name = GetParam();

@@ -88,6 +88,26 @@ inline std::vector<int32_t> greedy_decode(Model& model, Backend& backend, const 
   return out;
 }
 
+// The same greedy decoding through Model::forward_greedy: each step's argmax is taken and
+// fed back on the backend, and the host keeps one step queued ahead of the token it reads.
+inline std::vector<int32_t> greedy_decode_on_device(Model& model, Backend& backend, const std::vector<int32_t>& prompt,
+                                                    int n, int n_ctx = 256) {
+  KvCache cache(backend, model.cache_config(n_ctx));
+  const int seq = cache.add_sequence();
+  Batch batch;
+  for (size_t i = 0; i < prompt.size(); ++i) batch.add(prompt[i], int32_t(i), seq, i + 1 == prompt.size());
+  model.forward_greedy(batch, cache, /*feed_back=*/false);
+  std::vector<int32_t> out;
+  for (int step = 1; step < n; ++step) {
+    batch.clear();
+    batch.add(/*token: fed back*/ -1, int32_t(prompt.size()) + step - 1, seq, true);
+    model.forward_greedy(batch, cache, /*feed_back=*/true);
+    if (model.pending_greedy() > 1) out.push_back(model.take_greedy().at(0));
+  }
+  while (model.pending_greedy() > 0) out.push_back(model.take_greedy().at(0));
+  return out;
+}
+
 // A model on the CPU backend with its own cache: a GGUF file or a checkpoint directory.
 struct LoadedModel {
   std::unique_ptr<ModelSource> source;

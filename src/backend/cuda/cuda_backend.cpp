@@ -57,6 +57,11 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   check(cudaMallocHost(&pinned_, cuda_memory::kPinnedBytes), "cudaMallocHost (staging)");
   pinned_bytes_ = cuda_memory::kPinnedBytes;
   graphs_ = std::make_unique<cuda::StepGraphs>(stream_, options.graphs, options.graph_max_tokens);
+  check(cudaMallocHost(&download_pinned_, kMaxPendingDownloads * kMaxAsyncDownloadBytes), "cudaMallocHost (downloads)");
+  for (int i = 0; i < kMaxPendingDownloads; ++i) {
+    check(cudaEventCreateWithFlags(&downloads_[i].done, cudaEventDisableTiming), "cudaEventCreate");
+    downloads_[i].staged = static_cast<uint8_t*>(download_pinned_) + size_t(i) * kMaxAsyncDownloadBytes;
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -65,6 +70,9 @@ CudaBackend::~CudaBackend() {
   if (blas_) cublasDestroy(blas_);
   for (void* p : device_allocations_) cudaFree(p);
   if (pinned_) cudaFreeHost(pinned_);
+  if (download_pinned_) cudaFreeHost(download_pinned_);
+  for (PendingDownload& d : downloads_)
+    if (d.done) cudaEventDestroy(d.done);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -193,6 +201,30 @@ void CudaBackend::download(const Tensor& src, void* host, size_t bytes) {
   check(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
   pinned_used_ = 0;
+}
+
+uint64_t CudaBackend::download_async(const Tensor& src, size_t bytes) {
+  KILN_CHECK(src.device == Device::Cuda, "cuda download_async: {} is not device memory", src.name);
+  KILN_CHECK(bytes <= kMaxAsyncDownloadBytes, "cuda download_async: {} bytes of {} (at most {})", bytes, src.name,
+             kMaxAsyncDownloadBytes);
+  const uint64_t ticket = next_download_++;
+  PendingDownload& d = downloads_[ticket % kMaxPendingDownloads];
+  KILN_CHECK(d.ticket == 0, "cuda download_async: {} downloads already pending", int(kMaxPendingDownloads));
+  graphs_->flush();
+  check(cudaMemcpyAsync(d.staged, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
+  check(cudaEventRecord(d.done, stream_), "cudaEventRecord (download)");
+  d.ticket = ticket;
+  d.bytes = bytes;
+  return ticket;
+}
+
+void CudaBackend::finish_download(uint64_t ticket, void* host, size_t bytes) {
+  PendingDownload& d = downloads_[ticket % kMaxPendingDownloads];
+  KILN_CHECK(ticket != 0 && d.ticket == ticket, "cuda finish_download: ticket {} is not pending", ticket);
+  KILN_CHECK(bytes <= d.bytes, "cuda finish_download: {} bytes asked, {} downloaded", bytes, d.bytes);
+  check(cudaEventSynchronize(d.done), "cudaEventSynchronize (download)");
+  std::memcpy(host, d.staged, bytes);
+  d.ticket = 0;
 }
 
 void CudaBackend::synchronize() {

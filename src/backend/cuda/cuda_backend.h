@@ -52,6 +52,8 @@ class CudaBackend final : public Backend {
   Tensor owned_weight(const Tensor& host_source, std::string_view name) override;
   void upload(const void* host, const Tensor& dst, size_t bytes) override;
   void download(const Tensor& src, void* host, size_t bytes) override;
+  uint64_t download_async(const Tensor& src, size_t bytes) override;
+  void finish_download(uint64_t ticket, void* host, size_t bytes) override;
   void synchronize() override;
 
   void get_rows(const Tensor& table, const Tensor& ids, Tensor& out) override;
@@ -117,6 +119,16 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::StepGraphs> graphs_;
   void* pinned_ = nullptr;  // staging for weights and per-step uploads
   size_t pinned_bytes_ = 0, pinned_used_ = 0;
+  // download_async(): one pinned slot and one event per download in flight, used in turn.
+  struct PendingDownload {
+    uint64_t ticket = 0;  // 0: free
+    cudaEvent_t done = nullptr;
+    uint8_t* staged = nullptr;
+    size_t bytes = 0;
+  };
+  PendingDownload downloads_[kMaxPendingDownloads];
+  void* download_pinned_ = nullptr;
+  uint64_t next_download_ = 1;
   std::vector<void*> device_allocations_;  // weights, retired scratch
   size_t weight_bytes_ = 0;
   Scratch q8_scratch_, matmul_scratch_, attention_scratch_, tables_scratch_, moe_scratch_, argmax_scratch_,

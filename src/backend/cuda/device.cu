@@ -22,4 +22,19 @@ std::vector<DeviceInfo> list_devices(std::string* why) {
   return out;
 }
 
+namespace {
+__global__ void spin_kernel(long long nanoseconds) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < (unsigned long long)nanoseconds);
+}
+}  // namespace
+
+void hold_stream(cudaStream_t stream, int microseconds) {
+  spin_kernel<<<1, 1, 0, stream>>>(1000ll * microseconds);
+}
+
 }  // namespace kiln::cuda

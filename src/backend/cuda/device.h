@@ -1,6 +1,8 @@
 #pragma once
 // CUDA device discovery. Everything here is safe to call on machines without a GPU or
 // driver: it then reports zero devices and says why.
+#include <cuda_runtime_api.h>
+
 #include <string>
 #include <vector>
 
@@ -16,5 +18,9 @@ struct DeviceInfo {
 
 // The usable devices; empty (with `why` set) when there is no driver or GPU.
 std::vector<DeviceInfo> list_devices(std::string* why = nullptr);
+
+// Keeps the stream busy for about `microseconds` (one thread spinning on the GPU clock), so
+// that work queued behind it meanwhile runs back to back: profiling aid.
+void hold_stream(cudaStream_t stream, int microseconds);
 
 }  // namespace kiln::cuda

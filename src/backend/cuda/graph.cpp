@@ -1,9 +1,11 @@
 #include "backend/cuda/graph.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/device.h"
 #include "core/error.h"
 
 namespace kiln::cuda {
@@ -25,8 +27,93 @@ size_t piece_ops() {
 }
 }
 
+StepGraphs::StepGraphs(cudaStream_t stream, bool enabled, int max_tokens)
+    : stream_(stream), enabled_(enabled), max_tokens_(max_tokens) {
+  const char* env = std::getenv("KILN_CUDA_STEP_TIMING");
+  timing_ = env && std::string(env) == "1";
+  const char* ops_env = std::getenv("KILN_CUDA_OP_TIMING");
+  op_timing_ = ops_env && std::string(ops_env) == "1";
+  if (timing_)
+    for (EventPair& p : timers_) {
+      cudaEventCreate(&p.start);
+      cudaEventCreate(&p.end);
+    }
+}
+
 StepGraphs::~StepGraphs() {
+  if (timing_) {
+    cudaStreamSynchronize(stream_);
+    for (EventPair& p : timers_) {
+      float ms = 0;
+      if (p.used && cudaEventElapsedTime(&ms, p.start, p.end) == cudaSuccess) {
+        replay_ms_ += ms;
+        ++timed_;
+      }
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.end);
+    }
+    std::fprintf(stderr, "kiln cuda: %lld graph replays timed, %.4f ms of GPU time each\n", (long long)timed_,
+                 timed_ ? replay_ms_ / double(timed_) : 0.0);
+  }
+  if (op_timing_) {
+    double total = 0;
+    for (const OpTime& t : op_times_) total += t.count ? t.ms / double(t.count) : 0;
+    std::fprintf(stderr, "kiln cuda: per-op GPU time of a decode pass (%zu ops, %.4f ms in all)\n", op_times_.size(),
+                 total);
+    for (size_t i = 0; i < op_times_.size(); ++i)
+      if (op_times_[i].count)
+        std::fprintf(stderr, "  op %4zu %-20s %9.2f us\n", i, op_times_[i].op,
+                     1e3 * op_times_[i].ms / double(op_times_[i].count));
+  }
   for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+}
+
+void StepGraphs::run_timed_ops() {
+  std::vector<cudaEvent_t> events(ops_.size() + 1);
+  for (cudaEvent_t& e : events) cudaEventCreate(&e);
+  // Queue the whole pass behind a wait, so that the host's launch rate does not show up as
+  // gaps between the kernels.
+  hold_stream(stream_, 20000);
+  cudaEventRecord(events[0], stream_);
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Status s = ops_[i].launch(stream_);
+    if (!s.ok()) {
+      for (cudaEvent_t& e : events) cudaEventDestroy(e);
+      const char* op = ops_[i].op;
+      clear();
+      fail("cuda backend: op {}: {}", op, s.message());
+    }
+    cudaEventRecord(events[i + 1], stream_);
+  }
+  cudaEventSynchronize(events.back());
+  if (op_times_.size() < ops_.size()) op_times_.resize(ops_.size());
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, events[i], events[i + 1]);
+    op_times_[i].op = ops_[i].op;
+    op_times_[i].ms += ms;
+    ++op_times_[i].count;
+  }
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  clear();
+}
+
+void StepGraphs::timed_launch(cudaGraphExec_t exec) {
+  EventPair& p = timers_[next_timer_];
+  next_timer_ = (next_timer_ + 1) % 4;
+  if (p.used) {
+    float ms = 0;
+    cudaEventSynchronize(p.end);  // from four launches ago: done or nearly
+    if (cudaEventElapsedTime(&ms, p.start, p.end) == cudaSuccess) {
+      replay_ms_ += ms;
+      ++timed_;
+    }
+  }
+  cudaEventRecord(p.start, stream_);
+  const cudaError_t e = cudaGraphLaunch(exec, stream_);
+  cudaEventRecord(p.end, stream_);
+  p.used = true;
+  if (e != cudaSuccess) fail("cuda backend: graph launch failed: {}", cudaGetErrorString(e));
 }
 
 void StepGraphs::add(const SignatureHash& signature, int64_t tokens, Launch launch, const char* op) {
@@ -61,6 +148,7 @@ void StepGraphs::run_eagerly() {
 void StepGraphs::flush() {
   if (ops_.empty()) return;
   if (widest_ > max_tokens_) return run_eagerly();
+  if (op_timing_ && widest_ == 1) return run_timed_ops();
   hash_.pod(ops_.size());
   const uint64_t key = hash_.value;
   auto found = graphs_.find(key);
@@ -108,8 +196,9 @@ void StepGraphs::flush() {
   } else {
     ++replays_;
   }
-  const cudaError_t e = cudaGraphLaunch(found->second, stream_);
   clear();
+  if (timing_) return timed_launch(found->second);
+  const cudaError_t e = cudaGraphLaunch(found->second, stream_);
   if (e != cudaSuccess) fail("cuda backend: graph launch failed: {}", cudaGetErrorString(e));
 }
 

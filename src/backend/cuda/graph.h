@@ -48,7 +48,7 @@ class StepGraphs {
  public:
   using Launch = std::function<Status(cudaStream_t)>;
 
-  StepGraphs(cudaStream_t stream, bool enabled, int max_tokens) : stream_(stream), enabled_(enabled), max_tokens_(max_tokens) {}
+  StepGraphs(cudaStream_t stream, bool enabled, int max_tokens);
   ~StepGraphs();
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
@@ -65,6 +65,9 @@ class StepGraphs {
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   int64_t eager_passes() const { return eager_; }
+  // KILN_CUDA_STEP_TIMING=1: GPU time of the graph replays, measured with events, printed to
+  // stderr when the graphs are destroyed (the host time per step is the rest of a step).
+  double replay_gpu_ms() const { return replay_ms_; }
 
  private:
   struct Recorded {
@@ -82,6 +85,28 @@ class StepGraphs {
   int64_t widest_ = 0;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   int64_t captures_ = 0, replays_ = 0, eager_ = 0;
+  // Step timing (off unless asked for): event pairs used in turn around graph launches.
+  void timed_launch(cudaGraphExec_t exec);
+  // KILN_CUDA_OP_TIMING=1: passes run eagerly, each op between two events; the average time
+  // of the i-th op of the decode passes (one token) is printed at destruction. A profile for
+  // finding the slow kernels of a step, not a measure of the step (no graph, no overlap).
+  void run_timed_ops();
+  struct OpTime {
+    const char* op = nullptr;
+    double ms = 0;
+    int64_t count = 0;
+  };
+  bool op_timing_ = false;
+  std::vector<OpTime> op_times_;
+  struct EventPair {
+    cudaEvent_t start = nullptr, end = nullptr;
+    bool used = false;
+  };
+  bool timing_ = false;
+  EventPair timers_[4];
+  int next_timer_ = 0;
+  double replay_ms_ = 0;
+  int64_t timed_ = 0;
 };
 
 // The context length decode attention is planned for: the next power of two at or above
