@@ -11,6 +11,7 @@
 // it writes (max, sum, unnormalized output) and combine_kernel merges the ranges.
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace kiln::cuda::detail {
 
@@ -70,6 +71,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   __shared__ float red_s[kWarps][kHeads][D];
   __shared__ float stat_s[kWarps][kHeads][2];
 
+  begin_chained_kernel();
   const int seq = blockIdx.x, head0 = blockIdx.y * kHeads, split = blockIdx.z;
   const int kv_head = head0 / (a.n_head / a.n_head_kv);
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
@@ -202,6 +204,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 // Merges the key ranges of one (sequence, head): rescales each to the common maximum.
 template <int D>
 __global__ void __launch_bounds__(D) combine_kernel(DecodeAttentionArgs a, int n_splits, const float* __restrict__ partial) {
+  begin_chained_kernel();
   const int seq = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
   const float* recs = partial + (int64_t(seq) * a.n_head + head) * n_splits * (D + 2);
   float m = a.sinks ? a.sinks[head] : -INFINITY;
@@ -221,12 +224,15 @@ template <int D, typename KV, int kHeads>
 Status launch_heads(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
   const dim3 grid(unsigned(a.n_seq), unsigned(a.n_head / kHeads), unsigned(plan.n_splits));
   if (a.softcap > 0.0f)
-    attention_kernel<D, KV, kHeads, true><<<grid, kAttnThreads, 0, stream>>>(a, plan.keys_per_split, plan.n_splits, partial);
+    launch_chained(attention_kernel<D, KV, kHeads, true>, grid, kAttnThreads, 0, stream, a, plan.keys_per_split,
+                   plan.n_splits, partial);
   else
-    attention_kernel<D, KV, kHeads, false><<<grid, kAttnThreads, 0, stream>>>(a, plan.keys_per_split, plan.n_splits, partial);
+    launch_chained(attention_kernel<D, KV, kHeads, false>, grid, kAttnThreads, 0, stream, a, plan.keys_per_split,
+                   plan.n_splits, partial);
   if (Status s = launch_status("attention_kernel"); !s.ok()) return s;
   if (plan.n_splits == 1) return Status();
-  combine_kernel<D><<<dim3(unsigned(a.n_seq), unsigned(a.n_head)), D, 0, stream>>>(a, plan.n_splits, partial);
+  launch_chained(combine_kernel<D>, dim3(unsigned(a.n_seq), unsigned(a.n_head)), D, 0, stream, a, plan.n_splits,
+                 partial);
   return launch_status("attention combine_kernel");
 }
 

@@ -90,6 +90,28 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
+// Programmatic dependent launch (sm_90). A kernel started with launch_chained() (launch.cuh)
+// may begin while the kernel before it in the stream is still running: before
+// wait_for_previous_kernels() it may only read what no kernel of the step writes (weights),
+// and it must call it before touching anything else. allow_next_kernel() lets the next
+// chained kernel be scheduled early (it then waits in its own wait_for_previous_kernels()).
+// Both are no-ops when the kernel was launched the ordinary way.
+__device__ __forceinline__ void wait_for_previous_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// The usual start of a chained kernel that reads its inputs at once.
+__device__ __forceinline__ void begin_chained_kernel() {
+  wait_for_previous_kernels();
+  allow_next_kernel();
+}
+
 // 4 signed bytes of a and b, multiplied pairwise and summed onto c.
 __device__ __forceinline__ int dot4(int a, int b, int c) { return __dp4a(a, b, c); }
 

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/block_formats.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec.h"
 #include "backend/cuda/matvec_grouped.h"
 
@@ -27,6 +28,7 @@ constexpr int kMatvecThreads = kMatvecWarps * kWarpSize;
 // One warp per block of 32 values: scale from the warp's max, then round.
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n, int8_t* __restrict__ qs,
                                    float2* __restrict__ ds) {
+  begin_chained_kernel();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;  // n % 32 == 0: whole warps leave together
   const float v = x[i];
@@ -115,6 +117,9 @@ __global__ void __launch_bounds__(kMatvecThreads)
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k);
+  // The first chunks of weights are on their way; x and y belong to the kernels before.
+  wait_for_previous_kernels();
+  allow_next_kernel();
   for (int64_t k = 0; k < my_chunks; ++k) {
     issue(k + kStages - 1);
     const int64_t chunk = member + k * split;
@@ -236,6 +241,7 @@ template <typename Weights, int kRows, bool kVector>
 __global__ void __launch_bounds__(kMatvecThreads)
     matvec_float_kernel(const uint8_t* __restrict__ w, int64_t w_row_bytes, int64_t rows, int64_t cols,
                         const float* __restrict__ x, const float* add, float* y) {
+  begin_chained_kernel();
   const int64_t row0 = int64_t(blockIdx.x) * kRows;
   const uint8_t* row_ptr[kRows];
 #pragma unroll
@@ -278,8 +284,9 @@ Status launch_quant(const MatvecArgs& a, const Q8Vector& xq, int split, cudaStre
     using Fmt = decltype(fmt);
     const int64_t rows_per_block = int64_t(kMatvecWarps / split) * kRows;
     const unsigned grid = unsigned((a.rows + rows_per_block - 1) / rows_per_block);
-    matvec_q8_kernel<Fmt, kRows, kMatvecStages><<<grid, kMatvecThreads, 0, stream>>>(
-        static_cast<const uint8_t*>(a.w), a.w_row_bytes, a.rows, a.cols / 32, xq.qs, xq.ds, a.add, a.y, split);
+    launch_chained(matvec_q8_kernel<Fmt, kRows, kMatvecStages>, grid, kMatvecThreads, 0, stream,
+                   static_cast<const uint8_t*>(a.w), a.w_row_bytes, a.rows, a.cols / 32, xq.qs, xq.ds, a.add, a.y,
+                   split);
     status = launch_status("matvec_q8_kernel");
   });
   return status;
@@ -292,11 +299,11 @@ Status launch_float(const MatvecArgs& a, cudaStream_t stream) {
   const bool vector = a.cols % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 && a.w_row_bytes % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
   if (vector)
-    matvec_float_kernel<Weights, kRows, true>
-        <<<grid, kMatvecThreads, 0, stream>>>(w, a.w_row_bytes, a.rows, a.cols, a.x, a.add, a.y);
+    launch_chained(matvec_float_kernel<Weights, kRows, true>, grid, kMatvecThreads, 0, stream, w, a.w_row_bytes,
+                   a.rows, a.cols, a.x, a.add, a.y);
   else
-    matvec_float_kernel<Weights, kRows, false>
-        <<<grid, kMatvecThreads, 0, stream>>>(w, a.w_row_bytes, a.rows, a.cols, a.x, a.add, a.y);
+    launch_chained(matvec_float_kernel<Weights, kRows, false>, grid, kMatvecThreads, 0, stream, w, a.w_row_bytes,
+                   a.rows, a.cols, a.x, a.add, a.y);
   return launch_status("matvec_float_kernel");
 }
 
@@ -372,7 +379,8 @@ Status quantize_q8(const float* x, int64_t n, const Q8Vector& q, cudaStream_t st
   if (!x || !q.qs || !q.ds || reinterpret_cast<uintptr_t>(q.qs) % 16 != 0)
     return Status::invalid("quantize_q8: x, qs (16-byte aligned) and ds must be device pointers");
   constexpr int kThreads = 256;
-  detail::quantize_q8_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(x, n, q.qs, q.ds);
+  launch_chained(detail::quantize_q8_kernel, unsigned((n + kThreads - 1) / kThreads), kThreads, 0, stream, x, n, q.qs,
+                 q.ds);
   return launch_status("quantize_q8_kernel");
 }
 

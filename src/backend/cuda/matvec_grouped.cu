@@ -15,6 +15,7 @@
 // current one (2 stages). The quantized x is copied once per block into shared memory, laid
 // out with 16 bytes of padding per group so that the lanes' reads are conflict-free too.
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_grouped.h"
 
 #include <climits>
@@ -152,14 +153,17 @@ __global__ void __launch_bounds__(kGroupedThreads)
     cp_async_commit();
   };
 
-  // x into shared memory, padded per group (all threads), then this warp's first chunk.
+  // This warp's first chunk of weights (no kernel of the step writes them), then x, which
+  // the kernels before produce, into shared memory, padded per group (all threads).
+  issue(0);
+  wait_for_previous_kernels();
+  allow_next_kernel();
   for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
     cp_async_16(x_s + (p / 16) * kXGroupBytes + (p % 16) * 16, xqs + 16 * p);
   for (int p = threadIdx.x; p < groups * (kGroupBlocks / 2); p += kGroupedThreads)
     cp_async_16(ds_s + (p / 4) * kDsGroupBytes + (p % 4) * 16, xds + 2 * p);
   cp_async_commit();
-  issue(0);
-  cp_async_wait<1>();
+  cp_async_wait<0>();
   __syncthreads();
 
   float acc = 0.0f;
@@ -238,8 +242,8 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   const int grid = int(min64(blocks_needed, int64_t(max(1, blocks_per_sm)) * max(1, sms)));
-  kernel<<<grid, kGroupedThreads, smem, stream>>>(seg, w_row_bytes, int(total_rows), int(cols / kGroupElems), xq.qs,
-                                                   xq.ds);
+  launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, int(total_rows),
+                 int(cols / kGroupElems), xq.qs, xq.ds);
   return launch_status("matvec_grouped_kernel");
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 
 namespace kiln::cuda {
@@ -58,6 +59,7 @@ __device__ __forceinline__ void quantize_block_spread(const float (&v)[kValues],
 // loads per thread rather than a chain of them.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
+  begin_chained_kernel();
   const int64_t r = blockIdx.x;
   const float* __restrict__ x = a.x + r * a.x_stride;
   float* __restrict__ h = a.residual ? a.residual + r * a.residual_stride : nullptr;
@@ -95,9 +97,15 @@ __device__ float yarn_ramp(float low, float high, int i0) {
   return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
 }
 
+// Grid (tokens, head groups of kRopeHeadsPerBlock): every block computes its token's angles
+// (cheap next to one SM working through all heads, which made this a 10 us kernel).
+constexpr int kRopeHeadsPerBlock = 4;
+
 __global__ void __launch_bounds__(128) rope_kernel(RopeArgs a, RopeConstants c) {
   __shared__ float cos_s[512], sin_s[512];
   const int64_t t = blockIdx.x;
+  const int64_t first_head = int64_t(blockIdx.y) * kRopeHeadsPerBlock;
+  const int64_t n_heads = min64(kRopeHeadsPerBlock, a.n_heads - first_head);
   const int half = a.n_rot / 2;
   const double pos = double(a.positions[t]);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -116,9 +124,12 @@ __global__ void __launch_bounds__(128) rope_kernel(RopeArgs a, RopeConstants c) 
     cos_s[i] = float(co) * mscale;
     sin_s[i] = float(s) * mscale;
   }
+  // The angles need only the positions, uploaded before the step; x comes from the kernels
+  // before this one.
+  begin_chained_kernel();
   __syncthreads();
-  float* xt = a.x + t * a.token_stride;
-  for (int64_t j = threadIdx.x; j < a.n_heads * half; j += blockDim.x) {
+  float* xt = a.x + t * a.token_stride + first_head * a.head_stride;
+  for (int64_t j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
     const int64_t head = j / half;
     const int i = int(j % half);
     float* v = xt + head * a.head_stride;
@@ -147,6 +158,7 @@ __device__ __forceinline__ float glu_value(float gv, float uv, float alpha, floa
 // accesses when kVector) and a few steps, so that blocks are not too short-lived.
 template <GluKind kKind, bool kVector>
 __global__ void __launch_bounds__(256) glu_kernel(GluArgs a) {
+  begin_chained_kernel();
   const int64_t r = blockIdx.y;
   const float* g = a.gate + r * a.gate_stride;
   const float* u = a.up + r * a.up_stride;
@@ -185,9 +197,9 @@ void launch_glu(const GluArgs& a, cudaStream_t stream) {
   const int64_t per_block = 256 * 4 * 4;  // 4 steps of 4 elements per thread
   const dim3 grid(unsigned(std::min<int64_t>((a.n + per_block - 1) / per_block, 1024)), unsigned(a.rows));
   if (vector)
-    glu_kernel<kKind, true><<<grid, 256, 0, stream>>>(a);
+    launch_chained(glu_kernel<kKind, true>, grid, 256, 0, stream, a);
   else
-    glu_kernel<kKind, false><<<grid, 256, 0, stream>>>(a);
+    launch_chained(glu_kernel<kKind, false>, grid, 256, 0, stream, a);
 }
 
 // (value, index) with the larger value winning, the smaller index among equals.
@@ -207,6 +219,7 @@ constexpr int64_t kArgmaxPiece = 8192;  // elements per block in pass 1
 
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_pieces_kernel(const float* x, int64_t stride, int64_t n, float* piece_v, int64_t* piece_i) {
+  begin_chained_kernel();
   __shared__ float best_v[kArgmaxThreads / kWarpSize];
   __shared__ int64_t best_i[kArgmaxThreads / kWarpSize];
   const float* row = x + int64_t(blockIdx.y) * stride;
@@ -235,6 +248,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 __global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i, int pieces, int32_t* out) {
+  begin_chained_kernel();
   const int lane = threadIdx.x;
   float v = 0.0f;
   int64_t idx = -1;
@@ -265,9 +279,9 @@ Status rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
     return Status::invalid("rmsnorm: the int8 copy needs dim % 32 == 0 (dim " + std::to_string(a.dim) +
                            ") and 16-byte aligned rows");
   if (a.rows < 256 && a.dim >= 2048)
-    detail::rmsnorm_kernel<1024><<<unsigned(a.rows), 1024, 0, stream>>>(a);
+    launch_chained(detail::rmsnorm_kernel<1024>, unsigned(a.rows), 1024, 0, stream, a);
   else
-    detail::rmsnorm_kernel<detail::kRowThreads><<<unsigned(a.rows), detail::kRowThreads, 0, stream>>>(a);
+    launch_chained(detail::rmsnorm_kernel<detail::kRowThreads>, unsigned(a.rows), detail::kRowThreads, 0, stream, a);
   return launch_status("rmsnorm_kernel");
 }
 
@@ -286,7 +300,9 @@ Status rope(const RopeArgs& a, cudaStream_t stream) {
     c.corr_high = std::min(float(a.n_rot - 1), a.yarn_truncate ? std::ceil(high) : high);
     c.mscale_yarn = 1.0f + 0.1f * std::log(1.0f / a.freq_scale);
   }
-  detail::rope_kernel<<<unsigned(a.n_tokens), 128, 0, stream>>>(a, c);
+  const dim3 grid(unsigned(a.n_tokens),
+                  unsigned((a.n_heads + detail::kRopeHeadsPerBlock - 1) / detail::kRopeHeadsPerBlock));
+  launch_chained(detail::rope_kernel, grid, 128, 0, stream, a, c);
   return launch_status("rope_kernel");
 }
 
@@ -326,10 +342,11 @@ Status argmax_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, in
   const int64_t pieces = (n + detail::kArgmaxPiece - 1) / detail::kArgmaxPiece;
   auto* piece_i = static_cast<int64_t*>(scratch);  // 8-byte values first: alignment
   auto* piece_v = reinterpret_cast<float*>(piece_i + rows * pieces);
-  detail::argmax_pieces_kernel<<<dim3(unsigned(pieces), unsigned(rows)), detail::kArgmaxThreads, 0, stream>>>(
-      x, x_stride, n, piece_v, piece_i);
+  launch_chained(detail::argmax_pieces_kernel, dim3(unsigned(pieces), unsigned(rows)), detail::kArgmaxThreads, 0,
+                 stream, x, x_stride, n, piece_v, piece_i);
   if (Status s = launch_status("argmax_pieces_kernel"); !s.ok()) return s;
-  detail::argmax_rows_kernel<<<unsigned(rows), detail::kWarpSize, 0, stream>>>(piece_v, piece_i, int(pieces), out);
+  launch_chained(detail::argmax_rows_kernel, unsigned(rows), detail::kWarpSize, 0, stream, piece_v, piece_i,
+                 int(pieces), out);
   return launch_status("argmax_rows_kernel");
 }
 

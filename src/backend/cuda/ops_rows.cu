@@ -1,10 +1,12 @@
 // Row-wise and elementwise ops of the CUDA backend (ops_extra.h): add / scale / soft-cap /
 // sigmoid gate, softmax, gated RMS norm, KV-cache stores, block-table gathers, and the
 // mixture-of-experts routing and combine. v1 kernels: one block per row, f32 arithmetic.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops_extra.h"
 
 namespace kiln::cuda {
@@ -32,12 +34,14 @@ __device__ float block_reduce(float v) {
   return result;
 }
 
+// Grid (rows, pieces of a row): a decode step's single row is spread over several blocks.
 __global__ void eltwise_kernel(EltwiseArgs a) {
+  detail::begin_chained_kernel();
   const int64_t r = blockIdx.x;
   const float* x = a.a.row(r);
   const float* y = a.b.base ? a.b.row(a.b_one_row ? 0 : r) : nullptr;
   float* o = a.out.row(r);
-  for (int64_t i = threadIdx.x; i < a.n; i += blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; i < a.n; i += int64_t(gridDim.y) * blockDim.x) {
     const float v = x[i];
     switch (a.kind) {
       case EltwiseKind::Add: o[i] = v + y[i]; break;
@@ -71,6 +75,7 @@ __global__ void rmsnorm_gated_kernel(RowLayout x, RowLayout z, const float* w, f
 }
 
 __global__ void kv_store_kernel(KvStoreArgs a) {
+  detail::begin_chained_kernel();
   const int64_t t = blockIdx.x;
   const int64_t slot = a.slots[t];
   if (slot < 0 || slot >= a.n_slots) return;  // checked on the host where it can be; never write outside
@@ -151,7 +156,9 @@ Status eltwise(const EltwiseArgs& a, cudaStream_t stream) {
   if (a.rows > 0x7fffffff) return Status::invalid("eltwise: too many rows");
   if ((a.kind == EltwiseKind::Add || a.kind == EltwiseKind::SigmoidMul) && !a.b.base)
     return Status::invalid("eltwise: the second operand is missing");
-  rows_detail::eltwise_kernel<<<unsigned(a.rows), rows_detail::threads_for(a.n), 0, stream>>>(a);
+  const int threads = rows_detail::threads_for(a.n);
+  const int64_t pieces = std::min<int64_t>((a.n + 4 * threads - 1) / (4 * threads), a.rows >= 64 ? 1 : 16);
+  launch_chained(rows_detail::eltwise_kernel, dim3(unsigned(a.rows), unsigned(pieces)), threads, 0, stream, a);
   return launch_status("eltwise_kernel");
 }
 
@@ -171,7 +178,7 @@ Status rmsnorm_gated(const RowLayout& x, const RowLayout& z, const float* weight
 
 Status kv_store(const KvStoreArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return Status();
-  rows_detail::kv_store_kernel<<<unsigned(a.n_tokens), 128, 0, stream>>>(a);
+  launch_chained(rows_detail::kv_store_kernel, unsigned(a.n_tokens), 128, 0, stream, a);
   return launch_status("kv_store_kernel");
 }
 

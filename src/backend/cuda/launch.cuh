@@ -1,0 +1,43 @@
+#pragma once
+// Kernel launches that chain onto the previous kernel of the stream (programmatic dependent
+// launch, sm_90): the next kernel's blocks are scheduled while the previous one drains, and
+// wait in wait_for_previous_kernels() (common.cuh) for its results. In a decode step of a
+// few hundred short kernels this hides most of the gap between one kernel's end and the
+// next one's start. Only kernels that call wait_for_previous_kernels() before touching data
+// written by earlier kernels may be launched this way. KILN_CUDA_PDL=0 turns it off
+// (ordinary launches), for measurements.
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace kiln::cuda {
+
+inline bool chained_launches_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("KILN_CUDA_PDL");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return enabled;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                           Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (chained_launches_enabled()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace kiln::cuda
