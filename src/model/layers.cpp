@@ -117,4 +117,25 @@ void build_output(ForwardPass& p, const Tensor& x) {
   p.observe(p.logits, "result_output");
 }
 
+void build_prenorm_layers(ForwardPass& p, Tensor& x, const std::function<Tensor(int, const Tensor&)>& ffn) {
+  const HParams& hp = p.hp;
+  Tensor cur = p.scratch("cur", hp.n_embd, p.n_tokens);
+  build_norm(p, x, p.w.layers[0].attn_norm, cur, "attn_norm", 0);
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& lw = p.w.layers[size_t(il)];
+    Tensor attn = build_attention(p, il, cur);
+    p.backend.add_rmsnorm(attn, x, lw.ffn_norm, hp.rms_eps, cur);  // x += attn; cur = norm(x)
+    p.observe(cur, "ffn_norm", il);
+    Tensor out = ffn(il, cur);
+    if (il + 1 < hp.n_layer) {
+      p.backend.add_rmsnorm(out, x, p.w.layers[size_t(il) + 1].attn_norm, hp.rms_eps, cur);
+      p.observe(x, "l_out", il);
+      p.observe(cur, "attn_norm", il + 1);
+    } else {
+      p.backend.add(x, out, x);
+      p.observe(x, "l_out", il);
+    }
+  }
+}
+
 }  // namespace kiln

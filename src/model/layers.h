@@ -4,6 +4,8 @@
 // (reused by every layer) and reports its result to the debug hook under the name given.
 // What varies between architectures is passed in or read from the weights present
 // (biases, q/k norms, sinks) and from HParams (window, soft-capping, rope).
+#include <functional>
+
 #include "model/forward.h"
 
 namespace kiln {
@@ -29,5 +31,12 @@ Tensor build_moe(ForwardPass& pass, int il, const Tensor& x, const MoeRouteParam
 // The head: picks the rows whose logits are wanted, final norm, output projection,
 // final soft-capping when the model has it; writes pass.logits ("result_output").
 void build_output(ForwardPass& pass, const Tensor& x);
+
+// The pre-norm stack of llama and qwen:  x += attention(norm(x));  x += ffn(norm(x)),
+// the residual stream x updated in place. Each residual add is fused into the norm that
+// follows it (add_rmsnorm), the next layer's attention norm included, so a layer costs one
+// op less than add-then-norm. `ffn(il, normed)` returns the FFN (or MoE) output.
+void build_prenorm_layers(ForwardPass& pass, Tensor& x,
+                          const std::function<Tensor(int il, const Tensor& normed)>& ffn);
 
 }  // namespace kiln

@@ -69,17 +69,10 @@ void forward(ForwardPass& p) {
   const GluParams silu{Activation::Silu};
   const MoeRouteParams route{hp.n_expert_used, hp.expert_gating, hp.expert_weights_norm, hp.expert_weights_scale};
   Tensor x = build_embedding(p);  // the residual stream, updated in place
-  Tensor cur = p.scratch("cur", hp.n_embd, p.n_tokens);
-  for (int il = 0; il < hp.n_layer; ++il) {
+  build_prenorm_layers(p, x, [&](int il, const Tensor& cur) {
     const LayerWeights& lw = p.w.layers[size_t(il)];
-    build_norm(p, x, lw.attn_norm, cur, "attn_norm", il);
-    Tensor attn = build_attention(p, il, cur);
-    p.backend.add_rmsnorm(attn, x, lw.ffn_norm, hp.rms_eps, cur);  // x += attn; cur = norm(x)
-    p.observe(cur, "ffn_norm", il);
-    Tensor ffn = lw.moe_router.empty() ? build_ffn(p, il, cur, silu) : build_moe(p, il, cur, route, silu);
-    p.backend.add(x, ffn, x);
-    p.observe(x, "l_out", il);
-  }
+    return lw.moe_router.empty() ? build_ffn(p, il, cur, silu) : build_moe(p, il, cur, route, silu);
+  });
   build_output(p, x);
 }
 
