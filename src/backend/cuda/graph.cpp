@@ -32,7 +32,7 @@ StepGraphs::StepGraphs(cudaStream_t stream, bool enabled, int max_tokens)
   const char* env = std::getenv("KILN_CUDA_STEP_TIMING");
   timing_ = env && std::string(env) == "1";
   const char* ops_env = std::getenv("KILN_CUDA_OP_TIMING");
-  op_timing_ = ops_env && std::string(ops_env) == "1";
+  op_timing_ = ops_env ? std::atoi(ops_env) : 0;
   if (timing_)
     for (EventPair& p : timers_) {
       cudaEventCreate(&p.start);
@@ -58,8 +58,8 @@ StepGraphs::~StepGraphs() {
   if (op_timing_) {
     double total = 0;
     for (const OpTime& t : op_times_) total += t.count ? t.ms / double(t.count) : 0;
-    std::fprintf(stderr, "kiln cuda: per-op GPU time of a decode pass (%zu ops, %.4f ms in all)\n", op_times_.size(),
-                 total);
+    std::fprintf(stderr, "kiln cuda: per-op GPU time of a %s pass (%zu ops, %.4f ms in all)\n",
+                 op_timing_ == 1 ? "decode" : "prefill", op_times_.size(), total);
     for (size_t i = 0; i < op_times_.size(); ++i)
       if (op_times_[i].count)
         std::fprintf(stderr, "  op %4zu %-20s %9.2f us\n", i, op_times_[i].op,
@@ -147,8 +147,9 @@ void StepGraphs::run_eagerly() {
 
 void StepGraphs::flush() {
   if (ops_.empty()) return;
+  if (op_timing_ == 1 && widest_ == 1) return run_timed_ops();
+  if (op_timing_ == 2 && widest_ > max_tokens_) return run_timed_ops();
   if (widest_ > max_tokens_) return run_eagerly();
-  if (op_timing_ && widest_ == 1) return run_timed_ops();
   hash_.pod(ops_.size());
   const uint64_t key = hash_.value;
   auto found = graphs_.find(key);

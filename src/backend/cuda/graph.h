@@ -87,16 +87,17 @@ class StepGraphs {
   int64_t captures_ = 0, replays_ = 0, eager_ = 0;
   // Step timing (off unless asked for): event pairs used in turn around graph launches.
   void timed_launch(cudaGraphExec_t exec);
-  // KILN_CUDA_OP_TIMING=1: passes run eagerly, each op between two events; the average time
-  // of the i-th op of the decode passes (one token) is printed at destruction. A profile for
-  // finding the slow kernels of a step, not a measure of the step (no graph, no overlap).
+  // KILN_CUDA_OP_TIMING=1 (decode passes of one token) or 2 (prefill passes): those passes
+  // run eagerly, each op between two events, and the average time of the i-th op is printed
+  // at destruction. A profile for finding the slow kernels, not a measure of the step (no
+  // graph, no overlap between kernels).
   void run_timed_ops();
   struct OpTime {
     const char* op = nullptr;
     double ms = 0;
     int64_t count = 0;
   };
-  bool op_timing_ = false;
+  int op_timing_ = 0;
   std::vector<OpTime> op_times_;
   struct EventPair {
     cudaEvent_t start = nullptr, end = nullptr;
