@@ -66,7 +66,7 @@ class FusedOps : public ::testing::Test {
 };
 
 TEST_F(FusedOps, MatmulPartsMatchSeparateMatmuls) {
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
     for (int64_t K : {512, 4096 + 256}) {
       for (int64_t T : {1, 3}) {
         SCOPED_TRACE(std::string(type_name(type)) + " K " + std::to_string(K) + " T " + std::to_string(T));

@@ -153,7 +153,7 @@ TEST_P(MatvecTest, PaddedRowsFusedAddAndBlockShapes) {
       check_matvec(type, {37, 2816}, 0, warps_per_row == 2, rows_per_warp, warps_per_row, seed++);
 }
 
-// Widths of whole 256-element groups (the grouped q4_0 / q8_0 kernel): 16 groups (two rows
+// Widths of whole 256-element groups (the grouped q4_0 / q8_0 / q4_K kernel): 16 groups (two rows
 // per warp), 56 (a full and a partial chunk of 32 groups), 17; rows that leave a task half
 // empty; the fused addend.
 TEST_P(MatvecTest, LlamaShapesAndGroupedWidths) {

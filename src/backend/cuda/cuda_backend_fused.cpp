@@ -36,7 +36,7 @@ void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> part
   bool fused = !options_.exact && options_.fused && !parts.empty() && parts.size() <= size_t(cuda::kMaxMatvecParts) &&
                packed_f32(x) && T <= kMaxTokens;
   const GgmlType type = fused ? parts[0].w->dtype : GgmlType::F32;
-  fused = fused && (type == GgmlType::Q4_0 || type == GgmlType::Q8_0);
+  fused = fused && (type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K);
   for (const MatmulPart& p : parts) {
     if (!fused) break;
     KILN_CHECK(p.w && p.out, "cuda matmul_parts: a part lacks its weight or output");

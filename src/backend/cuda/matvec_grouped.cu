@@ -1,5 +1,6 @@
-// Decode matvec for q4_0 and q8_0 weights read in groups of 8 blocks (see matvec.h for the
-// contract; matvec_q8 takes this path when matvec_grouped_fits says so).
+// Decode matvec for q4_0 and q8_0 weights read in groups of 8 blocks, and q4_K weights read
+// a super-block (256 weights, 144 bytes) at a time (see matvec.h for the contract;
+// matvec_q8 takes this path when matvec_grouped_fits says so).
 //
 // Why groups: q4_0 (18 bytes) and q8_0 (34 bytes) blocks are only 2-byte aligned, so a lane
 // that reads one block at a time needs many narrow loads and shifts (v1-v3 of the q8 kernel
@@ -47,6 +48,7 @@ __device__ __forceinline__ uint32_t half_at(const uint32_t (&g)[N], int b) {
 // Block j of a group in registers, dotted with the 8 words of int8 x of that block.
 struct GroupQ4_0 {
   static constexpr int kBlockBytes = 18;
+  static constexpr int kGroupBytes = kBlockBytes * kGroupBlocks;
   template <int N>
   __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
     const int base = kBlockBytes * j;
@@ -63,6 +65,7 @@ struct GroupQ4_0 {
 
 struct GroupQ8_0 {
   static constexpr int kBlockBytes = 34;
+  static constexpr int kGroupBytes = kBlockBytes * kGroupBlocks;
   template <int N>
   __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
     const int base = kBlockBytes * j;
@@ -73,8 +76,36 @@ struct GroupQ8_0 {
   }
 };
 
+// A q4_K super-block: d, dmin (f16), 12 bytes of packed 6-bit sub-block scales and mins,
+// then 128 bytes of nibbles: bytes 32p..32p+31 hold sub-block 2p in their low nibbles and
+// sub-block 2p+1 in their high ones. Sub-block j is d*scale_j*q - dmin*min_j.
+struct GroupQ4_K {
+  static constexpr int kGroupBytes = 144;
+  template <int N>
+  __device__ static int byte_at(const uint32_t (&g)[N], int b) {
+    return int((g[b / 4] >> (8 * (b % 4))) & 0xffu);
+  }
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int base = 16 + 32 * (j / 2), shift = 4 * (j % 2);
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum = dot4(int((g[base / 4 + k] >> shift) & 0x0F0F0F0Fu), x[k], sum);
+    int scale, min;
+    if (j < 4) {
+      scale = byte_at(g, 4 + j) & 63;
+      min = byte_at(g, 8 + j) & 63;
+    } else {
+      scale = (byte_at(g, 8 + j) & 0xF) | ((byte_at(g, j) >> 6) << 4);
+      min = (byte_at(g, 8 + j) >> 4) | ((byte_at(g, 4 + j) >> 6) << 4);
+    }
+    const float d = half_to_float(g[0]), dmin = half_to_float(g[0] >> 16);
+    return d * float(scale) * ds.x * float(sum) - dmin * float(min) * ds.y;
+  }
+};
+
 template <typename Fmt>
-constexpr int group_bytes() { return Fmt::kBlockBytes * kGroupBlocks; }
+constexpr int group_bytes() { return Fmt::kGroupBytes; }
 
 template <typename Fmt>
 size_t grouped_smem_bytes(int64_t cols) {
@@ -255,7 +286,9 @@ Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t 
 }
 
 size_t smem_for(GgmlType type, int64_t cols) {
-  return type == GgmlType::Q4_0 ? grouped_smem_bytes<GroupQ4_0>(cols) : grouped_smem_bytes<GroupQ8_0>(cols);
+  if (type == GgmlType::Q4_0) return grouped_smem_bytes<GroupQ4_0>(cols);
+  if (type == GgmlType::Q4_K) return grouped_smem_bytes<GroupQ4_K>(cols);
+  return grouped_smem_bytes<GroupQ8_0>(cols);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -263,7 +296,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace detail
 
 bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
-  if (a.type != GgmlType::Q4_0 && a.type != GgmlType::Q8_0) return false;
+  if (a.type != GgmlType::Q4_0 && a.type != GgmlType::Q8_0 && a.type != GgmlType::Q4_K) return false;
   if (a.rows_per_warp != 0 || a.warps_per_row != 0) return false;  // tuning knobs: the general kernel
   if (a.cols % detail::kGroupElems != 0 || a.rows >= (int64_t(1) << 30)) return false;
   if (!detail::aligned16(a.w) || a.w_row_bytes % 16 != 0) return false;
@@ -304,6 +337,7 @@ Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::sp
     }
   }
   if (type == GgmlType::Q4_0) return detail::dispatch_grouped<detail::GroupQ4_0>(seg, total, cols, w_row_bytes, xq, stream);
+  if (type == GgmlType::Q4_K) return detail::dispatch_grouped<detail::GroupQ4_K>(seg, total, cols, w_row_bytes, xq, stream);
   return detail::dispatch_grouped<detail::GroupQ8_0>(seg, total, cols, w_row_bytes, xq, stream);
 }
 
