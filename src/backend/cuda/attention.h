@@ -32,8 +32,11 @@ struct DecodeAttentionArgs {
   const void* v_cache = nullptr;
   int64_t k_slot_stride = 0, v_slot_stride = 0;  // elements between slots (16-byte multiples)
   GgmlType cache_type = GgmlType::F16;           // F16 or F32
-  const int32_t* block_tables = nullptr;         // [n_seq][block_table_stride]
+  const int32_t* block_tables = nullptr;         // [n_seq][block_table_stride], or see table_rows
   int64_t block_table_stride = 0;
+  // When set, query s reads block table row table_rows[s] (the cache's per-sequence tables
+  // as they are, no gathered copy).
+  const int32_t* table_rows = nullptr;
   int block_size = 0;
   const int32_t* positions = nullptr;  // [n_seq] position of each query token
   int n_seq = 0, n_head = 0, n_head_kv = 0, head_dim = 0;  // head_dim: 64, 128 or 256

@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int first = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) : 0;
   const int k0 = first + split * keys_per_split;
   const int n_keys = max(0, min(keys_per_split, pos + 1 - k0));
-  const int32_t* table = a.block_tables + int64_t(seq) * a.block_table_stride;
+  const int64_t table_row = a.table_rows ? a.table_rows[seq] : seq;
+  const int32_t* table = a.block_tables + table_row * a.block_table_stride;
   const KV* k_base = static_cast<const KV*>(a.k_cache) + int64_t(kv_head) * D + 8 * c;
   const KV* v_base = static_cast<const KV*>(a.v_cache) + int64_t(kv_head) * D + 8 * c;
 

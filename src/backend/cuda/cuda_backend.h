@@ -131,7 +131,7 @@ class CudaBackend final : public Backend {
   uint64_t next_download_ = 1;
   std::vector<void*> device_allocations_;  // weights, retired scratch
   size_t weight_bytes_ = 0;
-  Scratch q8_scratch_, matmul_scratch_, attention_scratch_, tables_scratch_, moe_scratch_, argmax_scratch_,
+  Scratch q8_scratch_, matmul_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;
   int device_sms_ = 0;
 };

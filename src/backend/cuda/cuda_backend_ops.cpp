@@ -361,14 +361,14 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
     record(sig.h, T, [=](cudaStream_t s) { return cuda::general_attention(a, s); }, "attention");
     return;
   }
-  // The library's split-K kernel finds token t's block table at row t: gather the rows.
-  auto* tables = static_cast<int32_t*>(scratch(tables_scratch_, size_t(T * width) * sizeof(int32_t)));
+  // Token t reads its sequence's block table, row seq_rows[t] of the cache's tables.
   cuda::DecodeAttentionArgs a;
   a.q = q.as<float>(), a.q_stride = int64_t(q.nb[1] / 4);
   a.k_cache = cache.k.data, a.v_cache = cache.v.data;
   a.k_slot_stride = int64_t(cache.k.nb[1] / 4), a.v_slot_stride = int64_t(cache.v.nb[1] / 4);
   a.cache_type = GgmlType::F32;
-  a.block_tables = tables, a.block_table_stride = width, a.block_size = cache.block_size;
+  a.block_tables = batch.block_tables.as<int32_t>(), a.block_table_stride = width, a.block_size = cache.block_size;
+  a.table_rows = batch.seq_rows.as<int32_t>();
   a.positions = batch.positions.as<int32_t>();
   a.n_seq = int(T), a.n_head = p.n_head, a.n_head_kv = p.n_head_kv, a.head_dim = p.head_dim_k;
   // Graphed passes plan for a bucket of context lengths; blocks past a token's position exit.
@@ -378,13 +378,8 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   a.out = out.as<float>(), a.out_stride = int64_t(out.nb[1] / 4);
   const size_t need = cuda::decode_attention_scratch_bytes(a);
   void* sp = need ? scratch(attention_scratch_, need) : nullptr;
-  const int32_t* all_tables = batch.block_tables.as<int32_t>();
-  const int32_t* seq_rows = batch.seq_rows.as<int32_t>();
   sig.v(a.max_context);
-  record(sig.h, T, [=](cudaStream_t s) {
-    if (cuda::Status st = cuda::gather_block_tables(all_tables, width, seq_rows, T, tables, s); !st.ok()) return st;
-    return cuda::decode_attention(a, sp, need, s);
-  }, "attention");
+  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, sp, need, s); }, "attention");
 }
 
 void CudaBackend::glu(const Tensor& gate, const Tensor& up, const GluParams& p, Tensor& out) {

@@ -66,10 +66,6 @@ struct KvStoreArgs {
 };
 Status kv_store(const KvStoreArgs& args, cudaStream_t stream);
 
-// block_tables row seq_rows[t] -> out row t (so that a per-token kernel finds its table at t).
-Status gather_block_tables(const int32_t* tables, int64_t table_width, const int32_t* seq_rows, int64_t n_tokens,
-                           int32_t* out, cudaStream_t stream);
-
 // Attention of any head sizes over the paged f32 cache (the fallback of decode_attention()
 // for head sizes it lacks): one warp per (token, query head), online softmax in f32.
 struct GeneralAttentionArgs {

@@ -1,5 +1,5 @@
 // Row-wise and elementwise ops of the CUDA backend (ops_extra.h): add / scale / soft-cap /
-// sigmoid gate, softmax, gated RMS norm, KV-cache stores, block-table gathers, and the
+// sigmoid gate, softmax, gated RMS norm, KV-cache stores, and the
 // mixture-of-experts routing and combine. v1 kernels: one block per row, f32 arithmetic.
 #include <algorithm>
 #include <cmath>
@@ -85,12 +85,6 @@ __global__ void kv_store_kernel(KvStoreArgs a) {
   const int64_t first = int64_t(blockIdx.y) * blockDim.x + threadIdx.x, step = int64_t(gridDim.y) * blockDim.x;
   for (int64_t i = first; i < a.k_width; i += step) a.cache_k[slot * a.cache_k_stride + i] = a.k[t * a.k_stride + i];
   for (int64_t i = first; i < a.v_width; i += step) a.cache_v[slot * a.cache_v_stride + i] = a.v[t * a.v_stride + i];
-}
-
-__global__ void gather_tables_kernel(const int32_t* tables, int64_t width, const int32_t* seq_rows, int32_t* out) {
-  const int64_t t = blockIdx.x;
-  const int64_t row = seq_rows[t];
-  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) out[t * width + i] = tables[row * width + i];
 }
 
 // One thread per token: n_expert is small (<= a few hundred), k smaller still.
@@ -186,13 +180,6 @@ Status kv_store(const KvStoreArgs& a, cudaStream_t stream) {
   launch_chained(rows_detail::kv_store_kernel, dim3(unsigned(a.n_tokens), rows_detail::kKvStorePieces), 128, 0, stream,
                  a);
   return launch_status("kv_store_kernel");
-}
-
-Status gather_block_tables(const int32_t* tables, int64_t width, const int32_t* seq_rows, int64_t n_tokens,
-                           int32_t* out, cudaStream_t stream) {
-  if (n_tokens <= 0) return Status();
-  rows_detail::gather_tables_kernel<<<unsigned(n_tokens), 64, 0, stream>>>(tables, width, seq_rows, out);
-  return launch_status("gather_tables_kernel");
 }
 
 Status moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
