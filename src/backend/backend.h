@@ -81,6 +81,11 @@ struct BatchIndex {
   Tensor slots;         // [T]  cache slot that receives token t's K and V
   Tensor block_tables;  // [max_blocks, n_rows] physical block of each logical block
   int max_position = 0; // largest position in the batch (host-known; sizes GPU grids)
+  // Host-known shape of the batch: every token of one sequence, at positions
+  // first_position, first_position + 1, ... in batch order (a prompt chunk). Lets a backend
+  // take whole tiles of queries against the same keys.
+  bool one_sequence_in_order = false;
+  int first_position = 0;
 };
 
 enum class Activation : uint8_t {

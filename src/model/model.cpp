@@ -80,6 +80,7 @@ ForwardPass Model::begin_pass(const Batch& batch, KvCache& cache, bool tokens_on
   host_rows_.clear();
   host_slots_.resize(size_t(n));
   int32_t max_position = 0;
+  bool in_order = true;
   for (int64_t t = 0; t < n; ++t) {
     const int seq = batch.seq_ids[size_t(t)];
     const int32_t pos = batch.positions[size_t(t)];
@@ -92,6 +93,7 @@ ForwardPass Model::begin_pass(const Batch& batch, KvCache& cache, bool tokens_on
     cache.reserve(seq, int64_t(pos) + 1);
     host_slots_[size_t(t)] = cache.slot(seq, pos);
     max_position = std::max(max_position, pos);
+    in_order = in_order && seq == batch.seq_ids[0] && pos == batch.positions[0] + t;
     if (batch.want_logits[size_t(t)]) host_rows_.push_back(int32_t(t));
   }
   const int64_t n_out = int64_t(host_rows_.size());
@@ -113,6 +115,8 @@ ForwardPass Model::begin_pass(const Batch& batch, KvCache& cache, bool tokens_on
   cache.sync(backend_);
   pass.index.block_tables = cache.block_tables();
   pass.index.max_position = max_position;
+  pass.index.one_sequence_in_order = in_order;
+  pass.index.first_position = batch.positions[0];
   // With no logits wanted the pass still runs: it fills the cache (the head is skipped).
   pass.logits = pass.scratch("logits", hp_.n_vocab, std::max<int64_t>(n_out, 1)).rows_view(0, n_out);
   return pass;

@@ -10,6 +10,7 @@
 #include "backend/cuda/matvec.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_extra.h"
+#include "backend/cuda/prefill_attention.h"
 #include "backend/op_checks.h"
 
 namespace kiln {
@@ -19,6 +20,7 @@ namespace cuda_ops {
 using cuda::SignatureHash;
 
 constexpr int64_t kMatvecMaxTokens = 8;                 // up to this many rows: one matvec per row
+constexpr int64_t kPrefillAttentionMinTokens = 16;      // from this many tokens of one sequence: tensor-core tiles
 constexpr size_t kSlabBytes = size_t(256) << 20;        // dequantized weight slab of prefill / exact products
 
 void require_f32(const Tensor& t, const char* op, const char* what) {
@@ -348,6 +350,25 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   sig.t(q).t(cache.k).t(cache.v).t(batch.positions).t(batch.seq_rows).t(batch.block_tables).t(out);
   sig.v(p.n_head).v(p.n_head_kv).v(p.head_dim_k).v(p.head_dim_v).v(p.scale).v(p.softcap).v(p.sliding_window).v(sinks);
 
+  // Prompt chunks: tensor-core tiles of 64 queries (f16 products) unless exact mode asks
+  // for f32 throughout.
+  if (!options_.exact && batch.one_sequence_in_order && T >= kPrefillAttentionMinTokens &&
+      p.head_dim_k == p.head_dim_v && cuda::prefill_attention_supports(p.head_dim_k, GgmlType::F32)) {
+    cuda::PrefillAttentionArgs a;
+    a.q = q.as<float>(), a.q_stride = int64_t(q.nb[1] / 4);
+    a.k_cache = cache.k.data, a.v_cache = cache.v.data;
+    a.k_slot_stride = int64_t(cache.k.nb[1] / 4), a.v_slot_stride = int64_t(cache.v.nb[1] / 4);
+    a.cache_type = GgmlType::F32;
+    a.block_tables = batch.block_tables.as<int32_t>(), a.block_table_stride = width;
+    a.seq_rows = batch.seq_rows.as<int32_t>(), a.block_size = cache.block_size;
+    a.first_position = batch.first_position, a.n_tokens = int(T);
+    a.n_head = p.n_head, a.n_head_kv = p.n_head_kv, a.head_dim = p.head_dim_k;
+    a.scale = p.scale, a.softcap = p.softcap, a.sliding_window = p.sliding_window, a.sinks = sinks;
+    a.out = out.as<float>(), a.out_stride = int64_t(out.nb[1] / 4);
+    sig.v(a.first_position);
+    record(sig.h, T, [=](cudaStream_t s) { return cuda::prefill_attention(a, s); }, "attention");
+    return;
+  }
   if (!library_kernel) {
     cuda::GeneralAttentionArgs a;
     a.q = q.as<float>(), a.q_stride = int64_t(q.nb[1] / 4);
