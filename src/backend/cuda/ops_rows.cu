@@ -70,12 +70,18 @@ __global__ void rmsnorm_gated_kernel(RowLayout x, RowLayout z, const float* w, f
   for (int64_t i = threadIdx.x; i < n; i += kThreads) y[i] = a[i] * inv * w[i] * (g[i] / (1.0f + expf(-g[i])));
 }
 
+__device__ __forceinline__ void store_element(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_element(__half* p, float x) { *p = __float2half_rn(x); }
+
+template <typename KV>
 __global__ void kv_store_kernel(KvStoreArgs a) {
   const int64_t t = blockIdx.x;
   const int64_t slot = a.slots[t];
   if (slot < 0 || slot >= a.n_slots) return;  // checked on the host where it can be; never write outside
-  for (int64_t i = threadIdx.x; i < a.k_width; i += blockDim.x) a.cache_k[slot * a.cache_k_stride + i] = a.k[t * a.k_stride + i];
-  for (int64_t i = threadIdx.x; i < a.v_width; i += blockDim.x) a.cache_v[slot * a.cache_v_stride + i] = a.v[t * a.v_stride + i];
+  KV* cache_k = static_cast<KV*>(a.cache_k) + slot * a.cache_k_stride;
+  KV* cache_v = static_cast<KV*>(a.cache_v) + slot * a.cache_v_stride;
+  for (int64_t i = threadIdx.x; i < a.k_width; i += blockDim.x) store_element(cache_k + i, a.k[t * a.k_stride + i]);
+  for (int64_t i = threadIdx.x; i < a.v_width; i += blockDim.x) store_element(cache_v + i, a.v[t * a.v_stride + i]);
 }
 
 __global__ void gather_tables_kernel(const int32_t* tables, int64_t width, const int32_t* seq_rows, int32_t* out) {
@@ -171,7 +177,12 @@ Status rmsnorm_gated(const RowLayout& x, const RowLayout& z, const float* weight
 
 Status kv_store(const KvStoreArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return Status();
-  rows_detail::kv_store_kernel<<<unsigned(a.n_tokens), 128, 0, stream>>>(a);
+  if (a.cache_type != GgmlType::F32 && a.cache_type != GgmlType::F16)
+    return Status::invalid("kv_store: cache type " + std::string(type_name(a.cache_type)) + " (f32 or f16)");
+  if (a.cache_type == GgmlType::F16)
+    rows_detail::kv_store_kernel<__half><<<unsigned(a.n_tokens), 128, 0, stream>>>(a);
+  else
+    rows_detail::kv_store_kernel<float><<<unsigned(a.n_tokens), 128, 0, stream>>>(a);
   return launch_status("kv_store_kernel");
 }
 
