@@ -8,7 +8,9 @@
 // attention sees K, V and Q rounded to f16 either way. kiln's f16 cache rounds the same
 // three and keeps f32 sums (llama.cpp also sums the V rows in f16, which kiln does not
 // copy). With an f32 cache one prompt ("Tom had a red ball.") parts from llama.cpp at
-// token 21, a near-tie; with the f16 cache every token matches.
+// token 21, a near-tie; with the f16 cache every token matches (measured at the AVX-512 and
+// AVX2 levels; KILN_SIMD=scalar sums the matmuls in another order and lands on the other
+// side of that near-tie).
 #include <gtest/gtest.h>
 
 #include <fstream>
