@@ -39,6 +39,8 @@ std::string describe(const CacheCase& c) {
          (c.sinks ? " sinks" : "") + " lengths " + std::to_string(c.length0) + "/" + std::to_string(c.length1);
 }
 
+void PrintTo(const CacheCase& c, std::ostream* os) { *os << describe(c); }
+
 class F16Cache : public ::testing::TestWithParam<CacheCase> {
  protected:
   // The same host data as a tensor on each backend.
@@ -154,7 +156,12 @@ INSTANTIATE_TEST_SUITE_P(
                       CacheCase{128, 128, 6, 2, 30.0f, 0, true, 700, 333, 1},  // several key ranges merged
                       CacheCase{64, 64, 12, 4, 0.0f, 19, false, 150, 61, 5},   // 3 heads per kv head, window
                       CacheCase{48, 40, 6, 3, 0.0f, 0, true, 23, 11, 4},       // general kernel, dk != dv
-                      CacheCase{40, 40, 4, 4, 20.0f, 7, false, 90, 5, 2}));    // general kernel, window, softcap
+                      CacheCase{40, 40, 4, 4, 20.0f, 7, false, 90, 5, 2}),     // general kernel, window, softcap
+    [](const auto& info) {
+      const CacheCase& c = info.param;
+      return "dk" + std::to_string(c.dk) + "_dv" + std::to_string(c.dv) + "_heads" + std::to_string(c.n_head) + "_" +
+             std::to_string(c.n_kv) + "_keys" + std::to_string(c.length0);
+    });
 
 }  // namespace
 }  // namespace kiln::testing
