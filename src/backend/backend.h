@@ -68,6 +68,8 @@ struct AttentionParams {
 };
 
 // One layer's slice of the paged KV cache. Rows are slots: slot = block * block_size + i.
+// k and v are both f32 or both f16; kv_store rounds to f16 (nearest even), and attention over
+// an f16 cache rounds the query to f16 as well (see backend/cpu/ops_attention.cpp).
 struct KvLayer {
   Tensor k;  // ne {n_head_kv * head_dim_k, n_slots}
   Tensor v;  // ne {n_head_kv * head_dim_v, n_slots}

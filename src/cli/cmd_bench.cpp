@@ -128,10 +128,17 @@ std::vector<int32_t> random_tokens(int n, int n_vocab, uint64_t& state) {
   return ids;
 }
 
+KvCacheConfig bench_cache_config(const Model& model, int n_ctx, GgmlType cache_type) {
+  KvCacheConfig c = model.cache_config(n_ctx);
+  c.dtype = cache_type;
+  return c;
+}
+
 class Bench {
  public:
-  Bench(Model& model, int n_ctx, uint64_t seed)
-      : model_(model), cache_(model.backend(), model.cache_config(n_ctx)), seq_(cache_.add_sequence()),
+  Bench(Model& model, int n_ctx, GgmlType cache_type, uint64_t seed)
+      : model_(model), cache_(model.backend(), bench_cache_config(model, n_ctx, cache_type)),
+        seq_(cache_.add_sequence()),
         rng_(seed), logits_(size_t(model.hparams().n_vocab)) {}
 
   // Nanoseconds for one pass over n tokens, from an empty cache.
@@ -212,6 +219,7 @@ struct ModelFacts {
   std::string backend = "CPU";  // llama-bench's names: CPU, CUDA
   uint64_t size = 0, n_params = 0;
   int threads = 0;
+  std::string cache_type;  // the KV cache's entries: f16 or f32
 };
 
 void print_markdown(const ModelFacts& m, const std::vector<TestResult>& results) {
@@ -245,6 +253,8 @@ void print_json(const ModelFacts& m, const std::vector<TestResult>& results, boo
     j["model_size"] = m.size;
     j["model_n_params"] = m.n_params;
     j["n_threads"] = m.threads;
+    j["type_k"] = m.cache_type;
+    j["type_v"] = m.cache_type;
     j["n_prompt"] = r.n_prompt;
     j["n_gen"] = r.n_gen;
     j["test_time"] = r.test_time;
@@ -272,6 +282,7 @@ void run(const BenchCli& cli) {
 
   ModelFacts facts;
   facts.filename = cli.model.path;
+  facts.cache_type = type_name(m.cache_type);
   if (auto* cpu = dynamic_cast<CpuBackend*>(m.backend.get())) facts.threads = cpu->pool().size();
   if (m.backend->device() == Device::Cuda) facts.backend = "CUDA";
   if (m.file) {
@@ -283,7 +294,7 @@ void run(const BenchCli& cli) {
   facts.type = fmt::format("{} {} {}", m.model->hparams().arch, size_label(facts.n_params),
                            m.file ? file_type_name(m.file->get_int("general.file_type", 0)) : "checkpoint");
 
-  Bench bench(*m.model, m.n_ctx, cli.seed);
+  Bench bench(*m.model, m.n_ctx, m.cache_type, cli.seed);
   std::vector<TestResult> results;
   if (cli.n_prompt > 0) results.push_back(run_test(bench, cli.n_prompt, 0, cli.repetitions, cli.host_tokens));
   if (cli.n_gen > 0) results.push_back(run_test(bench, 0, cli.n_gen, cli.repetitions, cli.host_tokens));

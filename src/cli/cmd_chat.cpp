@@ -65,7 +65,7 @@ void run(const ChatCli& cli) {
     chat_template.emplace(kFallbackTemplate, bos, eos);
   }
 
-  Generator generator(*m.model, tokenizer, m.n_ctx, cli.model.max_batch);
+  Generator generator(*m.model, tokenizer, m.n_ctx, cli.model.max_batch, m.cache_type);
   Sampler sampler(cli.sampling.resolved());
   const bool interactive = ::isatty(STDIN_FILENO);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();

@@ -16,6 +16,7 @@
 #include "backend/backend_factory.h"
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/model_session.h"
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "model/model.h"
@@ -30,6 +31,7 @@ struct Options {
   int threads = 0;
   int batch = 0;  // tokens per forward pass; 0: all at once
   std::string device = "auto";
+  std::string cache_type = "f16";
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -63,7 +65,9 @@ void run(const Options& o) {
   Backend& backend = *device;
   auto model = Model::load(*source, backend);
   const int n_vocab = model->hparams().n_vocab;
-  KvCache cache(backend, model->cache_config(int(ids.size())));
+  KvCacheConfig cache_config = model->cache_config(int(ids.size()));
+  cache_config.dtype = parse_cache_type(o.cache_type);
+  KvCache cache(backend, cache_config);
   const int seq = cache.add_sequence();
 
   std::vector<float> logits(ids.size() * size_t(n_vocab));
@@ -94,6 +98,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("-t,--threads", options->threads, "CPU threads (0: one per core)");
   cmd->add_option("-b,--batch-size", options->batch, "tokens per forward pass (0: all in one)");
   cmd->add_option("--device", options->device, "auto (the GPU when one is usable), cpu or cuda");
+  add_cache_type_option(cmd, options->cache_type);
   cmd->callback([options] { logits_cmd::run(*options); });
 }
 

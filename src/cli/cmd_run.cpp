@@ -49,7 +49,7 @@ void run(const RunCli& cli) {
   const std::vector<int32_t> ids = m.tokenizer->encode(prompt, /*add_special=*/true, /*parse_special=*/true);
   KILN_CHECK(!ids.empty(), "the prompt is empty and the model adds no start token; give one with -p");
 
-  Generator generator(*m.model, *m.tokenizer, m.n_ctx, cli.model.max_batch);
+  Generator generator(*m.model, *m.tokenizer, m.n_ctx, cli.model.max_batch, m.cache_type);
   Sampler sampler(cli.sampling.resolved());
   GenerationOptions options;
   options.max_tokens = cli.n_predict;

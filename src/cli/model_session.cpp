@@ -16,10 +16,25 @@ void add_model_options(CLI::App* cmd, ModelOptions& o, bool with_context) {
   cmd->add_option("-m,--model", o.path, "Model: a GGUF file or a Hugging Face checkpoint directory")->required();
   cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
   cmd->add_option("--device", o.device, "auto (the GPU when one is usable), cpu or cuda")->capture_default_str();
+  add_cache_type_option(cmd, o.cache_type);
   if (!with_context) return;
   cmd->add_option("-c,--ctx-size", o.n_ctx, "Context length in tokens (0: the model's training context)")
       ->capture_default_str();
   cmd->add_option("-b,--batch-size", o.max_batch, "Most prompt tokens run in one forward pass")->capture_default_str();
+}
+
+void add_cache_type_option(CLI::App* cmd, std::string& cache_type) {
+  cmd->add_option("--cache-type", cache_type,
+                  "KV cache entries: f16 (half the memory; keys, values and queries are rounded to f16 in "
+                  "attention, as llama.cpp does by default) or f32 (exact: what the reference tests use)")
+      ->check(CLI::IsMember({"f16", "f32"}))
+      ->capture_default_str();
+}
+
+GgmlType parse_cache_type(const std::string& name) {
+  if (name == "f16") return GgmlType::F16;
+  if (name == "f32") return GgmlType::F32;
+  fail("--cache-type '{}': use f16 or f32", name);
 }
 
 // The tokenizer files beside a checkpoint (tokenizer.json, tokenizer.model, vocab.json +
@@ -44,7 +59,8 @@ LoadedModel load_model(const ModelOptions& o, bool with_tokenizer) {
   const HParams hp = HParams::from_source(*m.source);
   KILN_CHECK(o.n_ctx >= 0, "context size {} is negative", o.n_ctx);
   m.n_ctx = o.n_ctx > 0 ? o.n_ctx : (hp.n_ctx_train > 0 ? hp.n_ctx_train : 4096);
-  check_memory_fits(estimate_memory(hp, m.n_ctx, o.max_batch), m.n_ctx);
+  m.cache_type = parse_cache_type(o.cache_type);
+  check_memory_fits(estimate_memory(hp, m.n_ctx, o.max_batch, m.cache_type), m.n_ctx);
 
   BackendOptions bo;
   bo.threads = o.threads;

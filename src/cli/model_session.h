@@ -23,10 +23,17 @@ struct ModelOptions {
   int threads = 0;     // 0: one per core
   int max_batch = 512; // prompt tokens per forward pass
   std::string device = "auto";  // --device: auto (GPU when present), cpu, cuda
+  std::string cache_type = "f16";  // --cache-type: the KV cache's entries, f16 or f32
 };
 
-// -m/--model, -t/--threads, --device, and (when `with_context`) -c/--ctx-size and -b/--batch-size.
+// -m/--model, -t/--threads, --device, --cache-type, and (when `with_context`) -c/--ctx-size
+// and -b/--batch-size.
 void add_model_options(CLI::App* cmd, ModelOptions& options, bool with_context = true);
+
+// --cache-type f16|f32 (default f16), for commands with their own options (kiln logits).
+void add_cache_type_option(CLI::App* cmd, std::string& cache_type);
+// "f16" -> F16, "f32" -> F32; anything else is refused with the choices.
+GgmlType parse_cache_type(const std::string& name);
 
 struct LoadedModel {
   std::unique_ptr<ModelSource> source;  // a GGUF file or a Hugging Face checkpoint directory
@@ -35,6 +42,7 @@ struct LoadedModel {
   std::unique_ptr<Model> model;
   std::optional<Tokenizer> tokenizer;
   int n_ctx = 0;             // the context the caller should allocate
+  GgmlType cache_type = GgmlType::F16;  // the KV cache's entries (ModelOptions::cache_type)
   double load_seconds = 0;
 };
 

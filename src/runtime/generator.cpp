@@ -28,12 +28,21 @@ std::string_view stop_reason_name(StopReason reason) {
   return "?";
 }
 
-Generator::Generator(Model& model, const Tokenizer& tokenizer, int n_ctx, int max_batch)
+namespace {
+
+KvCacheConfig with_dtype(KvCacheConfig config, GgmlType dtype) {
+  config.dtype = dtype;
+  return config;
+}
+
+}  // namespace
+
+Generator::Generator(Model& model, const Tokenizer& tokenizer, int n_ctx, int max_batch, GgmlType cache_type)
     : model_(model),
       tokenizer_(tokenizer),
       n_ctx_(n_ctx),
       max_batch_(std::max(1, max_batch)),
-      cache_(model.backend(), model.cache_config(n_ctx)),
+      cache_(model.backend(), with_dtype(model.cache_config(n_ctx), cache_type)),
       seq_(cache_.add_sequence()) {
   KILN_CHECK(n_ctx > 0, "generator: context of {} tokens", n_ctx);
   logits_.resize(size_t(model.hparams().n_vocab));

@@ -58,8 +58,9 @@ using TextCallback = std::function<void(std::string_view text)>;
 class Generator {
  public:
   // `model` and `tokenizer` must outlive the generator. Allocates the KV cache for one
-  // sequence of `n_ctx` tokens.
-  Generator(Model& model, const Tokenizer& tokenizer, int n_ctx, int max_batch = 512);
+  // sequence of `n_ctx` tokens, its entries of `cache_type` (F32 or F16, see KvCacheConfig).
+  Generator(Model& model, const Tokenizer& tokenizer, int n_ctx, int max_batch = 512,
+            GgmlType cache_type = GgmlType::F32);
 
   int n_ctx() const { return n_ctx_; }
   // The tokens the cache holds, in order.

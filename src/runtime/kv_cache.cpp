@@ -9,21 +9,23 @@ KvCache::KvCache(Backend& backend, const KvCacheConfig& c) : config_(c) {
              "kv cache: {} layers, {} kv heads of {}/{} dims", c.n_layer, c.n_head_kv, c.head_dim_k, c.head_dim_v);
   KILN_CHECK(c.n_ctx > 0 && c.max_seqs > 0 && c.block_size > 0, "kv cache: context {}, {} sequences, blocks of {}",
              c.n_ctx, c.max_seqs, c.block_size);
-  KILN_CHECK(c.dtype == GgmlType::F32, "kv cache: {} entries are not supported yet (f32 only)", type_name(c.dtype));
+  KILN_CHECK(c.dtype == GgmlType::F32 || c.dtype == GgmlType::F16,
+             "kv cache: {} entries are not supported (f32 or f16)", type_name(c.dtype));
   KILN_CHECK(c.layer_has_kv.empty() || c.layer_has_kv.size() == size_t(c.n_layer),
              "kv cache: layer_has_kv lists {} layers of {}", c.layer_has_kv.size(), c.n_layer);
   max_blocks_per_seq_ = (c.n_ctx + c.block_size - 1) / c.block_size;
   const int64_t n_blocks = int64_t(max_blocks_per_seq_) * c.max_seqs;
   const int64_t n_slots = n_blocks * c.block_size;
   const int64_t k_width = int64_t(c.n_head_kv) * c.head_dim_k, v_width = int64_t(c.n_head_kv) * c.head_dim_v;
+  const size_t element = traits(c.dtype).type_size;
 
   layers_.resize(size_t(c.n_layer));
   for (int il = 0; il < c.n_layer; ++il) {
     if (!c.layer_has_kv.empty() && !c.layer_has_kv[size_t(il)]) continue;
-    buffers_.push_back(backend.allocate(size_t(k_width * n_slots) * sizeof(float)));
-    layers_[size_t(il)].k = buffers_.back()->view(GgmlType::F32, {k_width, n_slots}, 0, "cache_k");
-    buffers_.push_back(backend.allocate(size_t(v_width * n_slots) * sizeof(float)));
-    layers_[size_t(il)].v = buffers_.back()->view(GgmlType::F32, {v_width, n_slots}, 0, "cache_v");
+    buffers_.push_back(backend.allocate(size_t(k_width * n_slots) * element));
+    layers_[size_t(il)].k = buffers_.back()->view(c.dtype, {k_width, n_slots}, 0, "cache_k");
+    buffers_.push_back(backend.allocate(size_t(v_width * n_slots) * element));
+    layers_[size_t(il)].v = buffers_.back()->view(c.dtype, {v_width, n_slots}, 0, "cache_v");
     layers_[size_t(il)].block_size = c.block_size;
   }
   seqs_.resize(size_t(c.max_seqs));

@@ -2,7 +2,7 @@
 // A paged KV cache: every layer's keys and values live in fixed-size blocks of
 // `block_size` token slots; each sequence owns a list of blocks (its block table), taken
 // from a shared free list as it grows. Slot s of layer l holds one token's K (and V) for
-// all KV heads: row s of KvLayer::k. Sized once, up front, for `max_seqs` sequences of
+// all KV heads: row s of KvLayer::k, in f32 or f16 (KvCacheConfig::dtype). Sized once, up front, for `max_seqs` sequences of
 // up to `n_ctx` tokens; nothing is allocated while generating.
 //
 // The host keeps the authoritative block tables; sync() uploads them to the device
@@ -24,6 +24,8 @@ struct KvCacheConfig {
   int n_ctx = 0;                   // longest sequence, in tokens
   int max_seqs = 1;
   int block_size = 16;
+  // F32, or F16 (half the memory; what llama.cpp stores by default). The library's default
+  // is f32, the exact choice; the command line defaults to f16 (kiln run --cache-type).
   GgmlType dtype = GgmlType::F32;
   // Hybrid models: state of the linear-attention layers (max_seqs is taken from above).
   RecurrentStateConfig recurrent;

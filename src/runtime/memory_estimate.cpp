@@ -14,11 +14,11 @@ std::string gib(uint64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes)
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const HParams& hp, int n_ctx, int max_batch, int block_size) {
+MemoryEstimate estimate_memory(const HParams& hp, int n_ctx, int max_batch, GgmlType cache_type, int block_size) {
   MemoryEstimate e;
   const uint64_t slots = uint64_t((n_ctx + block_size - 1) / block_size) * uint64_t(block_size);
   const uint64_t kv_width = uint64_t(hp.n_head_kv) * uint64_t(hp.head_dim_k + hp.head_dim_v);
-  e.kv_cache_bytes = uint64_t(hp.n_layer) * slots * kv_width * sizeof(float);
+  e.kv_cache_bytes = uint64_t(hp.n_layer) * slots * kv_width * traits(cache_type).type_size;
 
   // Per token of a batch: the residual stream and a few normed copies, q/k/v and the
   // attention output, the FFN's gate and up (or the routed experts' for each token), and

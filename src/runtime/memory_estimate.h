@@ -6,17 +6,20 @@
 #include <string>
 
 #include "model/hparams.h"
+#include "quant/types.h"
 
 namespace kiln {
 
 struct MemoryEstimate {
-  uint64_t kv_cache_bytes = 0;  // keys and values of every attention layer, f32
+  uint64_t kv_cache_bytes = 0;  // keys and values of every attention layer, of the cache's type
   uint64_t scratch_bytes = 0;   // activations of a batch of `max_batch` tokens, logits
   uint64_t total() const { return kv_cache_bytes + scratch_bytes; }
 };
 
-// An upper estimate for one sequence of `n_ctx` tokens run in batches of `max_batch`.
-MemoryEstimate estimate_memory(const HParams& hp, int n_ctx, int max_batch, int block_size = 16);
+// An upper estimate for one sequence of `n_ctx` tokens run in batches of `max_batch`, with
+// a KV cache of `cache_type` entries (F32: 4 bytes, F16: 2).
+MemoryEstimate estimate_memory(const HParams& hp, int n_ctx, int max_batch, GgmlType cache_type = GgmlType::F32,
+                               int block_size = 16);
 
 // /proc/meminfo's MemAvailable in bytes, or nullopt when it cannot be read.
 std::optional<uint64_t> available_memory();

@@ -42,8 +42,10 @@ TEST_P(CliCheckpoint, LogitsOfADirectoryMatchTransformers) {
   std::string ids;
   for (int id : ref["ids"]) ids += std::to_string(id) + " ";
   const fs::path out = fs::temp_directory_path() / ("kiln_cli_hf_" + name + std::to_string(::getpid()) + ".f32");
-  // In two chunks, so the recurrent state of qwen3next is carried across passes too.
-  const CommandResult r = run_kiln("logits --device cpu -b 13 -m " + shell_quote(config.parent_path().string()) +
+  // In two chunks, so the recurrent state of qwen3next is carried across passes too; an f32
+  // cache, as every comparison with transformers' float32 logits.
+  const CommandResult r = run_kiln("logits --device cpu --cache-type f32 -b 13 -m " +
+                                   shell_quote(config.parent_path().string()) +
                                    " --ids " + shell_quote(ids) + " -o " + shell_quote(out.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::vector<float> ours = read_floats(out), theirs = read_floats(expected_path);

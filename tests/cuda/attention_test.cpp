@@ -3,7 +3,8 @@
 // key range or several merged ranges).
 //
 // Error bound: f32 dot products, expf and f32 sums: |out - ref| <= 2e-5 * sum_j p_j |v_j|
-// (+ 1e-7) per element, p_j the reference softmax weights.
+// (+ 1e-7) per element, p_j the reference softmax weights. With an f16 cache the reference
+// takes K, V and the query rounded to f16, as the kernel does.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -54,6 +55,10 @@ void run_case(const AttnCase& c, uint64_t seed) {
   }
   const int64_t q_stride = int64_t(c.n_head) * D + 5, out_stride = int64_t(c.n_head) * D + 3;
   const std::vector<float> q = random_floats(rng, size_t(n_seq * q_stride), -c.q_scale, c.q_scale);
+  // The query as the kernel uses it: rounded to f16 against an f16 cache.
+  std::vector<float> q_used = q;
+  if (half)
+    for (float& v : q_used) v = f16_to_f32(f32_to_f16(v));
   const std::vector<float> sinks = random_floats(rng, size_t(c.n_head), -2.0f, 4.0f);
 
   const DeviceBuffer k_d = half ? to_device(kh) : to_device(kf), v_d = half ? to_device(vh) : to_device(vf);
@@ -101,7 +106,8 @@ void run_case(const AttnCase& c, uint64_t seed) {
       double m = c.sinks ? sinks[h] : -INFINITY;
       for (int j = first; j <= pos; ++j) {
         double dot = 0;
-        for (int d = 0; d < D; ++d) dot += double(q[s * q_stride + h * D + d]) * kf[slot(j) * slot_stride + kvh * D + d];
+        for (int d = 0; d < D; ++d)
+          dot += double(q_used[s * q_stride + h * D + d]) * kf[slot(j) * slot_stride + kvh * D + d];
         double sc = dot * a.scale;
         if (c.softcap > 0) sc = c.softcap * std::tanh(sc / c.softcap);
         score.push_back(sc);

@@ -243,8 +243,9 @@ TEST_F(BackendOps, GatedDeltaNetMatchesCpu) {
 TEST_F(BackendOps, UnsupportedWeightTypeIsNamed) {
   const GgmlType types[] = {GgmlType::Q4_0};
   EXPECT_FALSE(gpu_->supports(Op::Matmul, types).has_value());
-  const GgmlType f16[] = {GgmlType::F16};
-  const auto why = gpu_->supports(Op::Attention, f16);
+  const GgmlType f16[] = {GgmlType::F16}, bf16[] = {GgmlType::BF16};
+  EXPECT_FALSE(gpu_->supports(Op::Attention, f16).has_value()) << "f16 KV caches are supported";
+  const auto why = gpu_->supports(Op::Attention, bf16);
   ASSERT_TRUE(why.has_value());
   EXPECT_NE(why->find("attention"), std::string::npos) << *why;
 }

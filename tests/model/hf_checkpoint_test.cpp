@@ -1,7 +1,7 @@
 // Models loaded straight from Hugging Face checkpoints (testdata/arch/hf/<name>/: config.json
 // + model.safetensors, the same weights as arch/<name>.gguf):
-//   - logits of the reference ids vs HF transformers' (relative L2 <= 1e-4 per position),
-//     greedy continuation equal to HF generate's;
+//   - logits of the reference ids vs HF transformers' (relative L2 <= 1e-4 per position,
+//     f32 KV cache), greedy continuation equal to HF generate's;
 //   - the checkpoint-loaded and GGUF-loaded models agree (<= 1e-5), and every tensor the
 //     checkpoint source makes equals the converter's, transforms included;
 //   - damaged checkpoints (missing, extra, misshapen tensors, no config) fail with errors
@@ -43,7 +43,8 @@ TEST_P(HfCheckpoint, PrefillLogitsMatchTransformers) {
   LoadedModel m(dir.parent_path());
   ASSERT_EQ(m.source->format(), SourceFormat::HfCheckpoint);
   ASSERT_EQ(m.vocab(), want.vocab);
-  const double worst = expect_prefill_matches(*m.model, *m.backend, to_ids(ref["ids"]), want, 1e-4, name);
+  const double worst =
+      expect_prefill_matches(*m.model, *m.backend, to_ids(ref["ids"]), want, 1e-4, name, GgmlType::F32);
   std::printf("[ %s from checkpoint ] max relative L2 error vs transformers over %lld positions: %.3g\n",
               name.c_str(), (long long)want.rows, worst);
 }
@@ -53,7 +54,7 @@ TEST_P(HfCheckpoint, GreedyDecodeMatchesTransformers) {
   KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
   KILN_REQUIRE_TESTDATA(dir, "arch/hf/" + name + "/config.json");
   LoadedModel m(dir.parent_path());
-  expect_greedy_matches(*m.model, *m.backend, read_json(ref_path), name);
+  expect_greedy_matches(*m.model, *m.backend, read_json(ref_path), name, GgmlType::F32);
 }
 
 TEST_P(HfCheckpoint, AgreesWithTheConvertedGguf) {

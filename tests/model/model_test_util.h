@@ -55,10 +55,18 @@ inline int32_t argmax_row(const float* x, int64_t n) {
   return int32_t(best);
 }
 
+// The reference tests name their KV cache's type: F32 where the reference is a float32
+// engine (HF transformers), F16 where it is llama.cpp's default (see stories_test.cpp).
+inline KvCacheConfig cache_config_of(const Model& model, int n_ctx, GgmlType cache_type) {
+  KvCacheConfig c = model.cache_config(n_ctx);
+  c.dtype = cache_type;
+  return c;
+}
+
 // All positions' logits of `ids` run as one prefill batch of sequence 0, on any backend.
 inline std::vector<float> prefill_all_logits(Model& model, Backend& backend, const std::vector<int32_t>& ids,
-                                             int n_ctx = 128) {
-  KvCache cache(backend, model.cache_config(n_ctx));
+                                             int n_ctx = 128, GgmlType cache_type = GgmlType::F32) {
+  KvCache cache(backend, cache_config_of(model, n_ctx, cache_type));
   const int seq = cache.add_sequence();
   Batch batch;
   for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], int32_t(i), seq, true);
@@ -68,8 +76,9 @@ inline std::vector<float> prefill_all_logits(Model& model, Backend& backend, con
 // Prefill the prompt, then decode n tokens one by one (argmax), through the cache; every
 // step's logits are appended to `step_logits` when given.
 inline std::vector<int32_t> greedy_decode(Model& model, Backend& backend, const std::vector<int32_t>& prompt, int n,
-                                          int n_ctx = 256, std::vector<float>* step_logits = nullptr) {
-  KvCache cache(backend, model.cache_config(n_ctx));
+                                          int n_ctx = 256, std::vector<float>* step_logits = nullptr,
+                                          GgmlType cache_type = GgmlType::F32) {
+  KvCache cache(backend, cache_config_of(model, n_ctx, cache_type));
   const int seq = cache.add_sequence();
   Batch batch;
   for (size_t i = 0; i < prompt.size(); ++i) batch.add(prompt[i], int32_t(i), seq, i + 1 == prompt.size());
@@ -109,24 +118,26 @@ inline std::vector<int32_t> greedy_decode_on_device(Model& model, Backend& backe
 }
 
 // A model on the CPU backend with its own cache: a GGUF file or a checkpoint directory.
+// Its runs use a KV cache of `cache_type` (f32 unless the test says otherwise).
 struct LoadedModel {
   std::unique_ptr<ModelSource> source;
   const gguf::File* file = nullptr;  // when the source is a GGUF file
   std::unique_ptr<CpuBackend> backend;
   std::unique_ptr<Model> model;
+  GgmlType cache_type = GgmlType::F32;
 
-  explicit LoadedModel(const std::filesystem::path& path)
+  explicit LoadedModel(const std::filesystem::path& path, GgmlType cache = GgmlType::F32)
       : source(open_model_source(path.string())), file(source->gguf_file()), backend(std::make_unique<CpuBackend>()),
-        model(Model::load(*source, *backend)) {}
+        model(Model::load(*source, *backend)), cache_type(cache) {}
 
   int vocab() const { return model->hparams().n_vocab; }
 
   std::vector<float> prefill_logits(const std::vector<int32_t>& ids, int n_ctx = 128) {
-    return prefill_all_logits(*model, *backend, ids, n_ctx);
+    return prefill_all_logits(*model, *backend, ids, n_ctx, cache_type);
   }
 
   std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int n, int n_ctx = 256) {
-    return greedy_decode(*model, *backend, prompt, n, n_ctx);
+    return greedy_decode(*model, *backend, prompt, n, n_ctx, nullptr, cache_type);
   }
 };
 
@@ -186,10 +197,11 @@ inline double expect_logits_match(const std::vector<float>& logits, const Refere
 // Runs `ids` as one prefill on `model` and checks every reference position: the vocabulary
 // and the number of logits must fit, each position within `bound`. Returns the largest error.
 inline double expect_prefill_matches(Model& model, Backend& backend, const std::vector<int32_t>& ids,
-                                     const ReferenceLogits& want, double bound, const std::string& label) {
+                                     const ReferenceLogits& want, double bound, const std::string& label,
+                                     GgmlType cache_type = GgmlType::F32) {
   const int64_t vocab = model.hparams().n_vocab;
   EXPECT_EQ(vocab, want.vocab) << label << ": vocabulary";
-  const std::vector<float> logits = prefill_all_logits(model, backend, ids);
+  const std::vector<float> logits = prefill_all_logits(model, backend, ids, 128, cache_type);
   EXPECT_EQ(int64_t(logits.size()), int64_t(ids.size()) * vocab) << label << ": logits of the prefill";
   if (vocab != want.vocab || int64_t(logits.size()) != int64_t(ids.size()) * vocab) return INFINITY;
   return expect_logits_match(logits, want, bound, label);
@@ -209,9 +221,11 @@ inline int expect_same_tokens(const std::vector<int32_t>& got, const std::vector
 
 // Greedy decoding of a reference json's "greedy_prompt_ids" must give its
 // "greedy_continuation_ids" token for token. Returns how many match.
-inline int expect_greedy_matches(Model& model, Backend& backend, const nlohmann::json& ref, const std::string& label) {
+inline int expect_greedy_matches(Model& model, Backend& backend, const nlohmann::json& ref, const std::string& label,
+                                 GgmlType cache_type = GgmlType::F32) {
   const std::vector<int32_t> expected = to_ids(ref["greedy_continuation_ids"]);
-  const std::vector<int32_t> got = greedy_decode(model, backend, to_ids(ref["greedy_prompt_ids"]), int(expected.size()));
+  const std::vector<int32_t> got = greedy_decode(model, backend, to_ids(ref["greedy_prompt_ids"]),
+                                                 int(expected.size()), 256, nullptr, cache_type);
   return expect_same_tokens(got, expected, label);
 }
 

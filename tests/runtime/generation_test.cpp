@@ -1,8 +1,11 @@
 // The generator and `kiln run` / `kiln chat` on stories260K, against llama.cpp's greedy text.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <fstream>
 #include <memory>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
@@ -48,16 +51,21 @@ SamplerParams greedy() {
   const std::vector<int32_t> expected_ids = ref["ids"].get<std::vector<int32_t>>();  \
   const std::string expected_text = ref["text"].get<std::string>()
 
+// Both cache types (f16: llama.cpp's attention precision, see tests/model/stories_test.cpp;
+// this first prompt is no near-tie, so f32 matches too).
 TEST(Generator, GreedyMatchesLlamaCppWithChunkedPrefill) {
   KILN_STORIES_CASE();
   Stories s(model_path);
-  for (int max_batch : {512, 2}) {
-    Generator gen(*s.model, *s.tokenizer, 256, max_batch);
+  const std::pair<GgmlType, int> runs[] = {  // cache type, prefill batch
+      {GgmlType::F16, 512}, {GgmlType::F16, 2}, {GgmlType::F32, 512}, {GgmlType::F32, 2}};
+  for (const auto& [cache_type, max_batch] : runs) {
+    SCOPED_TRACE(fmt::format("{} cache, prefill batches of {}", type_name(cache_type), max_batch));
+    Generator gen(*s.model, *s.tokenizer, 256, max_batch, cache_type);
     Sampler sampler(greedy());
     std::string streamed;
     const GenerationResult r = gen.generate(prompt, sampler, {.max_tokens = 100},
                                             [&](std::string_view t) { streamed += t; });
-    EXPECT_EQ(r.tokens, expected_ids) << "prefill batches of " << max_batch;
+    EXPECT_EQ(r.tokens, expected_ids);
     EXPECT_EQ(r.text, expected_text);
     EXPECT_EQ(streamed, expected_text);
     EXPECT_EQ(r.reason, StopReason::TokenLimit);
@@ -115,13 +123,24 @@ TEST(Generator, StopsWhenTheContextIsFull) {
   EXPECT_THROW(gen.generate(too_long, sampler, {}), Error);
 }
 
+// The default cache (f16) and an f32 one.
 TEST(KilnRun, GreedyTextMatchesLlamaCpp) {
   KILN_REQUIRE_KILN_BINARY();
   KILN_STORIES_CASE();
-  const Captured r = run_kiln_stdout("run -m " + quote(model_path.string()) + " -p " +
-                                     quote(ref["prompt"].get<std::string>()) + " --temp 0 -n 100 -t 1");
-  EXPECT_EQ(r.exit_code, 0);
-  EXPECT_EQ(r.out, expected_text);
+  for (const char* cache : {"", " --cache-type f32"}) {
+    const Captured r = run_kiln_stdout("run -m " + quote(model_path.string()) + " -p " +
+                                       quote(ref["prompt"].get<std::string>()) + " --temp 0 -n 100 -t 1" + cache);
+    EXPECT_EQ(r.exit_code, 0) << cache;
+    EXPECT_EQ(r.out, expected_text) << cache;
+  }
+}
+
+TEST(KilnRun, RefusesAnUnknownCacheType) {
+  KILN_REQUIRE_KILN_BINARY();
+  KILN_REQUIRE_TESTDATA(model_path, "models/stories260K.gguf");
+  const Captured r = run_kiln_stdout("run -m " + quote(model_path.string()) + " -p Hi -n 1 --cache-type q8_0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out, "");
 }
 
 TEST(KilnRun, RefusesAContextThatDoesNotFit) {

@@ -29,11 +29,12 @@ class HostBuffer final : public Buffer {
 CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
 
 std::optional<std::string> CpuBackend::supports(Op op, std::span<const GgmlType> types) const {
-  // Weights of any type with a dequantizer; activations and caches in f32.
+  // Weights of any type with a dequantizer; KV caches in f32 or f16; other data in f32.
   if (op == Op::Matmul || op == Op::GetRows || op == Op::MoeFfn) return std::nullopt;
+  const bool cache_op = op == Op::KvStore || op == Op::Attention;
   for (GgmlType t : types)
-    if (t != GgmlType::F32 && t != GgmlType::I32)
-      return fmt::format("cpu {}: {} data is not supported (f32 only)", op_name(op), type_name(t));
+    if (t != GgmlType::F32 && t != GgmlType::I32 && !(cache_op && t == GgmlType::F16))
+      return fmt::format("cpu {}: {} data is not supported (f32 only; f16 KV caches)", op_name(op), type_name(t));
   return std::nullopt;
 }
 

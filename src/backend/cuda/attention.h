@@ -15,6 +15,7 @@
 // Long contexts are split across blocks (flash-decoding): each block reduces a range of keys
 // to (max, sum, unnormalized output) in `scratch`, and a second kernel combines the ranges.
 // Arithmetic in f32 (exp by expf): expect ~1e-6 relative error against a double reference.
+// With an f16 cache the query is rounded to f16 as well (the reference must round it too).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>

@@ -9,6 +9,8 @@
 // softmax (online: max, sum, unnormalized output). The groups' states merge through
 // shuffles and shared memory. One range: the block writes the normalized output. Several:
 // it writes (max, sum, unnormalized output) and combine_kernel merges the ranges.
+#include <type_traits>
+
 #include "backend/cuda/attention.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.cuh"
@@ -85,8 +87,12 @@ __global__ void __launch_bounds__(kAttnThreads)
   const KV* k_base = static_cast<const KV*>(a.k_cache) + int64_t(kv_head) * D + 8 * c;
   const KV* v_base = static_cast<const KV*>(a.v_cache) + int64_t(kv_head) * D + 8 * c;
 
-  for (int i = tid; i < kHeads * D; i += kAttnThreads)
-    q_s[i / D][i % D] = a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D];
+  // An f16 cache takes an f16 query (as llama.cpp's flash attention and the CPU backend):
+  // the products are then exact and only the f32 sums round.
+  for (int i = tid; i < kHeads * D; i += kAttnThreads) {
+    const float qv = a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D];
+    q_s[i / D][i % D] = std::is_same_v<KV, __half> ? __half2float(__float2half_rn(qv)) : qv;
+  }
   __syncthreads();
 
   // Each key group keeps a running softmax state per head over its keys: max m, sum l and

@@ -85,8 +85,9 @@ std::optional<std::string> CudaBackend::supports(Op op, std::span<const GgmlType
                            type_name(t));
       continue;
     }
-    if (t != GgmlType::F32 && t != GgmlType::I32)
-      return fmt::format("cuda {}: {} data is not supported (f32 activations and caches only)", op_name(op),
+    const bool cache_op = op == Op::KvStore || op == Op::Attention;
+    if (t != GgmlType::F32 && t != GgmlType::I32 && !(cache_op && t == GgmlType::F16))
+      return fmt::format("cuda {}: {} data is not supported (f32 activations, f32 or f16 KV caches)", op_name(op),
                          type_name(t));
   }
   return std::nullopt;

@@ -30,6 +30,21 @@ void require_f32(const Tensor& t, const char* op, const char* what) {
   KILN_CHECK(t.device == Device::Cuda, "cuda {}: {} ({}) is not in device memory", op, what, t.name);
 }
 
+// The KV cache: f32 or f16 rows, k and v of one type.
+void require_cache(const KvLayer& cache, const char* op) {
+  for (const Tensor* t : {&cache.k, &cache.v}) {
+    KILN_CHECK(!t->empty() && t->device == Device::Cuda, "cuda {}: cache {} is missing or not in device memory", op,
+               t->name);
+    KILN_CHECK((t->dtype == GgmlType::F32 || t->dtype == GgmlType::F16) && t->nb[0] == traits(t->dtype).type_size,
+               "cuda {}: cache {} ({}) must be f32 or f16 with packed rows", op, t->name, t->describe());
+  }
+  KILN_CHECK(cache.k.dtype == cache.v.dtype, "cuda {}: cache k is {}, cache v {}", op, type_name(cache.k.dtype),
+             type_name(cache.v.dtype));
+}
+
+// Elements between the cache's slots.
+int64_t slot_stride(const Tensor& cache) { return int64_t(cache.nb[1] / cache.nb[0]); }
+
 void require_device(const Tensor& t, const char* op, const char* what) {
   KILN_CHECK(!t.empty() && t.device == Device::Cuda, "cuda {}: {} ({}) is missing or not in device memory", op, what,
              t.name);
@@ -309,8 +324,7 @@ void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& p) 
 void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) {
   require_f32(k, "kv_store", "k");
   require_f32(v, "kv_store", "v");
-  require_f32(cache.k, "kv_store", "cache k");
-  require_f32(cache.v, "kv_store", "cache v");
+  require_cache(cache, "kv_store");
   KILN_CHECK(k.ne[0] == cache.k.ne[0] && v.ne[0] == cache.v.ne[0],
              "cuda kv_store: k {} / v {} rows do not match the cache's {} / {}", k.describe(), v.describe(),
              cache.k.ne[0], cache.v.ne[0]);
@@ -319,8 +333,8 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, con
   cuda::KvStoreArgs a;
   a.k = k.as<float>(), a.k_stride = int64_t(k.nb[1] / 4), a.k_width = k.ne[0];
   a.v = v.as<float>(), a.v_stride = int64_t(v.nb[1] / 4), a.v_width = v.ne[0];
-  a.cache_k = cache.k.as<float>(), a.cache_v = cache.v.as<float>();
-  a.cache_k_stride = int64_t(cache.k.nb[1] / 4), a.cache_v_stride = int64_t(cache.v.nb[1] / 4);
+  a.cache_k = cache.k.data, a.cache_v = cache.v.data, a.cache_type = cache.k.dtype;
+  a.cache_k_stride = slot_stride(cache.k), a.cache_v_stride = slot_stride(cache.v);
   a.n_slots = cache.k.ne[1];
   a.slots = slots.as<int32_t>(), a.n_tokens = k.ne[1];
   record(Sig(Op::KvStore).t(k).t(v).t(cache.k).t(cache.v).t(slots).h, k.ne[1],
@@ -331,8 +345,7 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
                             Tensor& out) {
   require_f32(q, "attention", "q");
   require_f32(out, "attention", "out");
-  require_f32(cache.k, "attention", "cache k");
-  require_f32(cache.v, "attention", "cache v");
+  require_cache(cache, "attention");
   check_attention_shapes("cuda attention", q, cache, batch, p, out);
   const int64_t T = q.ne[1];
   const float* sinks = nullptr;
@@ -353,12 +366,12 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   // Prompt chunks: tensor-core tiles of 64 queries (f16 products) unless exact mode asks
   // for f32 throughout.
   if (!options_.exact && batch.one_sequence_in_order && T >= kPrefillAttentionMinTokens &&
-      p.head_dim_k == p.head_dim_v && cuda::prefill_attention_supports(p.head_dim_k, GgmlType::F32)) {
+      p.head_dim_k == p.head_dim_v && cuda::prefill_attention_supports(p.head_dim_k, cache.k.dtype)) {
     cuda::PrefillAttentionArgs a;
     a.q = q.as<float>(), a.q_stride = int64_t(q.nb[1] / 4);
     a.k_cache = cache.k.data, a.v_cache = cache.v.data;
-    a.k_slot_stride = int64_t(cache.k.nb[1] / 4), a.v_slot_stride = int64_t(cache.v.nb[1] / 4);
-    a.cache_type = GgmlType::F32;
+    a.k_slot_stride = slot_stride(cache.k), a.v_slot_stride = slot_stride(cache.v);
+    a.cache_type = cache.k.dtype;
     a.block_tables = batch.block_tables.as<int32_t>(), a.block_table_stride = width;
     a.seq_rows = batch.seq_rows.as<int32_t>(), a.block_size = cache.block_size;
     a.first_position = batch.first_position, a.n_tokens = int(T);
@@ -372,8 +385,8 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   if (!library_kernel) {
     cuda::GeneralAttentionArgs a;
     a.q = q.as<float>(), a.q_stride = int64_t(q.nb[1] / 4);
-    a.k_cache = cache.k.as<float>(), a.v_cache = cache.v.as<float>();
-    a.k_slot_stride = int64_t(cache.k.nb[1] / 4), a.v_slot_stride = int64_t(cache.v.nb[1] / 4);
+    a.k_cache = cache.k.data, a.v_cache = cache.v.data, a.cache_type = cache.k.dtype;
+    a.k_slot_stride = slot_stride(cache.k), a.v_slot_stride = slot_stride(cache.v);
     a.block_tables = batch.block_tables.as<int32_t>(), a.table_width = width, a.block_size = cache.block_size;
     a.positions = batch.positions.as<int32_t>(), a.seq_rows = batch.seq_rows.as<int32_t>(), a.n_tokens = T;
     a.n_head = p.n_head, a.n_head_kv = p.n_head_kv, a.head_dim_k = p.head_dim_k, a.head_dim_v = p.head_dim_v;
@@ -386,8 +399,8 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   cuda::DecodeAttentionArgs a;
   a.q = q.as<float>(), a.q_stride = int64_t(q.nb[1] / 4);
   a.k_cache = cache.k.data, a.v_cache = cache.v.data;
-  a.k_slot_stride = int64_t(cache.k.nb[1] / 4), a.v_slot_stride = int64_t(cache.v.nb[1] / 4);
-  a.cache_type = GgmlType::F32;
+  a.k_slot_stride = slot_stride(cache.k), a.v_slot_stride = slot_stride(cache.v);
+  a.cache_type = cache.k.dtype;
   a.block_tables = batch.block_tables.as<int32_t>(), a.block_table_stride = width, a.block_size = cache.block_size;
   a.table_rows = batch.seq_rows.as<int32_t>();
   a.positions = batch.positions.as<int32_t>();

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "backend/cuda/status.h"
+#include "quant/types.h"
 
 namespace kiln::cuda {
 
@@ -52,28 +53,33 @@ Status softmax_rows(const RowLayout& x, const RowLayout& out, int64_t rows, int6
 Status rmsnorm_gated(const RowLayout& x, const RowLayout& z, const float* weight, float eps, const RowLayout& out,
                      int64_t rows, int64_t n, cudaStream_t stream);
 
-// cache_k[slots[t]] = k[t], cache_v[slots[t]] = v[t] (f32 rows).
+// cache_k[slots[t]] = k[t], cache_v[slots[t]] = v[t]: f32 rows into f32 or f16 cache rows
+// (rounded to nearest even). Cache strides are in elements of cache_type.
 struct KvStoreArgs {
   const float* k = nullptr;
   int64_t k_stride = 0, k_width = 0;
   const float* v = nullptr;
   int64_t v_stride = 0, v_width = 0;
-  float* cache_k = nullptr;
-  float* cache_v = nullptr;
+  void* cache_k = nullptr;
+  void* cache_v = nullptr;
+  GgmlType cache_type = GgmlType::F32;  // F32 or F16
   int64_t cache_k_stride = 0, cache_v_stride = 0, n_slots = 0;
   const int32_t* slots = nullptr;
   int64_t n_tokens = 0;
 };
 Status kv_store(const KvStoreArgs& args, cudaStream_t stream);
 
-// Attention of any head sizes over the paged f32 cache (the fallback of decode_attention()
-// for head sizes it lacks): one warp per (token, query head), online softmax in f32.
+// Attention of any head sizes over the paged f32 or f16 cache (the fallback of
+// decode_attention() for head sizes it lacks): one warp per (token, query head), online
+// softmax in f32. With an f16 cache the query is rounded to f16 too, as decode_attention()
+// and the CPU backend do.
 struct GeneralAttentionArgs {
   const float* q = nullptr;
   int64_t q_stride = 0;
-  const float* k_cache = nullptr;
-  const float* v_cache = nullptr;
-  int64_t k_slot_stride = 0, v_slot_stride = 0;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  GgmlType cache_type = GgmlType::F32;  // F32 or F16
+  int64_t k_slot_stride = 0, v_slot_stride = 0;  // in elements of cache_type
   const int32_t* block_tables = nullptr;  // [n_rows][table_width]
   int64_t table_width = 0;
   int block_size = 0;

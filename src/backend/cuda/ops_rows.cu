@@ -74,17 +74,24 @@ __global__ void rmsnorm_gated_kernel(RowLayout x, RowLayout z, const float* w, f
   for (int64_t i = threadIdx.x; i < n; i += kThreads) y[i] = a[i] * inv * w[i] * (g[i] / (1.0f + expf(-g[i])));
 }
 
+__device__ __forceinline__ void store_element(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_element(__half* p, float x) { *p = __float2half_rn(x); }
+
 // Grid (tokens, pieces): a decode token's keys and values are spread over several blocks
 // (one block looping over them all was a latency-bound 7 us).
 constexpr int kKvStorePieces = 8;
+
+template <typename KV>
 __global__ void kv_store_kernel(KvStoreArgs a) {
   detail::begin_chained_kernel();
   const int64_t t = blockIdx.x;
   const int64_t slot = a.slots[t];
   if (slot < 0 || slot >= a.n_slots) return;  // checked on the host where it can be; never write outside
+  KV* cache_k = static_cast<KV*>(a.cache_k) + slot * a.cache_k_stride;
+  KV* cache_v = static_cast<KV*>(a.cache_v) + slot * a.cache_v_stride;
   const int64_t first = int64_t(blockIdx.y) * blockDim.x + threadIdx.x, step = int64_t(gridDim.y) * blockDim.x;
-  for (int64_t i = first; i < a.k_width; i += step) a.cache_k[slot * a.cache_k_stride + i] = a.k[t * a.k_stride + i];
-  for (int64_t i = first; i < a.v_width; i += step) a.cache_v[slot * a.cache_v_stride + i] = a.v[t * a.v_stride + i];
+  for (int64_t i = first; i < a.k_width; i += step) store_element(cache_k + i, a.k[t * a.k_stride + i]);
+  for (int64_t i = first; i < a.v_width; i += step) store_element(cache_v + i, a.v[t * a.v_stride + i]);
 }
 
 // One thread per token: n_expert is small (<= a few hundred), k smaller still.
@@ -177,8 +184,13 @@ Status rmsnorm_gated(const RowLayout& x, const RowLayout& z, const float* weight
 Status kv_store(const KvStoreArgs& a, cudaStream_t stream) {
   if (a.n_tokens <= 0) return Status();
   if (a.n_tokens > 0x7fffffff) return Status::invalid("kv_store: too many tokens");
-  launch_chained(rows_detail::kv_store_kernel, dim3(unsigned(a.n_tokens), rows_detail::kKvStorePieces), 128, 0, stream,
-                 a);
+  if (a.cache_type != GgmlType::F32 && a.cache_type != GgmlType::F16)
+    return Status::invalid("kv_store: cache type " + std::string(type_name(a.cache_type)) + " (f32 or f16)");
+  const dim3 grid(unsigned(a.n_tokens), rows_detail::kKvStorePieces);
+  if (a.cache_type == GgmlType::F16)
+    launch_chained(rows_detail::kv_store_kernel<__half>, grid, 128, 0, stream, a);
+  else
+    launch_chained(rows_detail::kv_store_kernel<float>, grid, 128, 0, stream, a);
   return launch_status("kv_store_kernel");
 }
 

@@ -3,6 +3,7 @@
 // their per-sequence state on the device.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops_extra.h"
@@ -13,8 +14,12 @@ namespace sequence_detail {
 using detail::kWarpSize;
 constexpr int kMaxDimsPerLane = 8;  // head sizes up to 256
 
+__device__ __forceinline__ float load_element(const float* p) { return *p; }
+__device__ __forceinline__ float load_element(const __half* p) { return __half2float(*p); }
+
 // One warp per (token, query head): lanes split the head dims, keys go one at a time with
 // an online softmax (running max, rescaled sum and output).
+template <typename KV>
 __global__ void general_attention_kernel(GeneralAttentionArgs a) {
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, lane = threadIdx.x;
@@ -29,19 +34,20 @@ __global__ void general_attention_kernel(GeneralAttentionArgs a) {
   for (int i = 0; i < kMaxDimsPerLane; ++i) {
     const int d = lane + i * kWarpSize;
     qv[i] = d < a.head_dim_k ? q[d] : 0.0f;
+    if constexpr (std::is_same_v<KV, __half>) qv[i] = __half2float(__float2half_rn(qv[i]));
     acc[i] = 0.0f;
   }
   float m = a.sinks ? a.sinks[h] : -INFINITY;
   float l = a.sinks ? 1.0f : 0.0f;
   for (int j = first; j <= pos; ++j) {
     const int64_t slot = int64_t(table[j / a.block_size]) * a.block_size + j % a.block_size;
-    const float* k = a.k_cache + slot * a.k_slot_stride + int64_t(kv_head) * a.head_dim_k;
-    const float* v = a.v_cache + slot * a.v_slot_stride + int64_t(kv_head) * a.head_dim_v;
+    const KV* k = static_cast<const KV*>(a.k_cache) + slot * a.k_slot_stride + int64_t(kv_head) * a.head_dim_k;
+    const KV* v = static_cast<const KV*>(a.v_cache) + slot * a.v_slot_stride + int64_t(kv_head) * a.head_dim_v;
     float dot = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i) {
       const int d = lane + i * kWarpSize;
-      if (d < a.head_dim_k) dot = fmaf(qv[i], k[d], dot);
+      if (d < a.head_dim_k) dot = fmaf(qv[i], load_element(k + d), dot);
     }
     float s = detail::warp_sum(dot) * a.scale;
     if (a.softcap > 0.0f) s = a.softcap * tanhf(s / a.softcap);
@@ -51,7 +57,7 @@ __global__ void general_attention_kernel(GeneralAttentionArgs a) {
 #pragma unroll
     for (int i = 0; i < kMaxDimsPerLane; ++i) {
       const int d = lane + i * kWarpSize;
-      if (d < a.head_dim_v) acc[i] = acc[i] * correction + p * v[d];
+      if (d < a.head_dim_v) acc[i] = acc[i] * correction + p * load_element(v + d);
     }
     m = m_new;
   }
@@ -184,9 +190,14 @@ Status general_attention(const GeneralAttentionArgs& a, cudaStream_t stream) {
   if (a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.n_head > 65535)
     return Status::invalid("general_attention: " + std::to_string(a.n_head) + " query heads cannot share " +
                            std::to_string(a.n_head_kv) + " kv heads");
+  if (a.cache_type != GgmlType::F32 && a.cache_type != GgmlType::F16)
+    return Status::invalid("general_attention: cache type " + std::string(type_name(a.cache_type)) + " (f32 or f16)");
   if (a.n_tokens <= 0) return Status();
-  sequence_detail::general_attention_kernel<<<dim3(unsigned(a.n_tokens), unsigned(a.n_head)), detail::kWarpSize, 0,
-                                              stream>>>(a);
+  const dim3 grid(unsigned(a.n_tokens), unsigned(a.n_head));
+  if (a.cache_type == GgmlType::F16)
+    sequence_detail::general_attention_kernel<__half><<<grid, detail::kWarpSize, 0, stream>>>(a);
+  else
+    sequence_detail::general_attention_kernel<float><<<grid, detail::kWarpSize, 0, stream>>>(a);
   return launch_status("general_attention_kernel");
 }
 
