@@ -53,7 +53,7 @@ void Generator::reset() {
   cached_.clear();
 }
 
-std::span<const float> Generator::prefill(std::span<const int32_t> tokens) {
+size_t Generator::reuse_prefix(std::span<const int32_t> tokens) {
   KILN_CHECK(!tokens.empty(), "generator: empty prompt");
   KILN_CHECK(tokens.size() <= size_t(n_ctx_),
              "the prompt has {} tokens but the context holds {} (raise it with -c)", tokens.size(), n_ctx_);
@@ -67,16 +67,29 @@ std::span<const float> Generator::prefill(std::span<const int32_t> tokens) {
   if (cache_.has_recurrent_state() && common < cached_.size()) common = 0;
   cache_.truncate(seq_, int64_t(common));
   cached_.resize(common);
-
   last_n_prompt_ = int(tokens.size() - common);
-  for (size_t begin = common; begin < tokens.size(); begin += size_t(max_batch_)) {
-    const size_t end = std::min(tokens.size(), begin + size_t(max_batch_));
-    batch_.clear();
-    for (size_t i = begin; i < end; ++i) batch_.add(tokens[i], int32_t(i), seq_, i + 1 == tokens.size());
-    model_.forward(batch_, cache_, logits_.data());
-    cached_.insert(cached_.end(), tokens.begin() + std::ptrdiff_t(begin), tokens.begin() + std::ptrdiff_t(end));
-  }
+  return common;
+}
+
+void Generator::run_chunk(std::span<const int32_t> tokens, size_t begin, size_t end, bool to_argmax) {
+  batch_.clear();
+  for (size_t i = begin; i < end; ++i) batch_.add(tokens[i], int32_t(i), seq_, i + 1 == tokens.size());
+  if (to_argmax) model_.forward_greedy(batch_, cache_, /*feed_back=*/false);
+  else model_.forward(batch_, cache_, logits_.data());
+  cached_.insert(cached_.end(), tokens.begin() + std::ptrdiff_t(begin), tokens.begin() + std::ptrdiff_t(end));
+}
+
+std::span<const float> Generator::prefill(std::span<const int32_t> tokens) {
+  for (size_t begin = reuse_prefix(tokens); begin < tokens.size(); begin += size_t(max_batch_))
+    run_chunk(tokens, begin, std::min(tokens.size(), begin + size_t(max_batch_)), false);
   return logits_;
+}
+
+void Generator::prefill_to_argmax(std::span<const int32_t> tokens) {
+  for (size_t begin = reuse_prefix(tokens); begin < tokens.size(); begin += size_t(max_batch_)) {
+    const size_t end = std::min(tokens.size(), begin + size_t(max_batch_));
+    run_chunk(tokens, begin, end, end == tokens.size());
+  }
 }
 
 std::span<const float> Generator::decode(int32_t token) {
@@ -111,8 +124,13 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, Sampler& s
   const size_t first_seen = window < 0 ? 0 : prompt.size() - std::min(prompt.size(), size_t(window));
   for (size_t i = first_seen; i < prompt.size(); ++i) sampler.accept(prompt[i]);
 
+  // Plain greedy decoding keeps the argmax on the device and the host one step ahead: step
+  // n + 1 (fed step n's token on the device) is queued before the host reads token n.
+  const bool on_device = options.argmax_on_device && sampler.is_plain_argmax();
   auto start = Clock::now();
-  std::span<const float> logits = prefill(prompt);
+  std::span<const float> logits;
+  if (on_device) prefill_to_argmax(prompt);
+  else logits = prefill(prompt);
   stats.prompt_seconds = seconds_since(start);
   stats.n_prompt = last_n_prompt_;
   stats.n_reused = int(prompt.size()) - last_n_prompt_;
@@ -123,7 +141,25 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, Sampler& s
       result.reason = StopReason::TokenLimit;
       break;
     }
-    const int32_t token = sampler.sample(logits);
+    int32_t token;
+    const size_t held = cached_.size();  // tokens in the cache before this one
+    if (on_device) {
+      // Queue the step that decodes this token unless none can follow it.
+      const bool another = (options.max_tokens < 0 || stats.n_generated + 1 < options.max_tokens) &&
+                           cached_.size() < size_t(n_ctx_);
+      if (another) {
+        batch_.clear();
+        batch_.add(/*token: fed back on the device*/ 0, int32_t(cached_.size()), seq_, true);
+        model_.forward_greedy(batch_, cache_, /*feed_back=*/true);
+      }
+      token = model_.take_greedy().at(0);
+      if (another) {
+        cached_.push_back(token);  // its step is queued: the cache will hold it
+        ++stats.n_decoded;
+      }
+    } else {
+      token = sampler.sample(logits);
+    }
     ++stats.n_generated;
     result.tokens.push_back(token);
     if (options.stop_at_end_of_generation && tokenizer_.is_end_of_generation(token)) {
@@ -139,14 +175,17 @@ GenerationResult Generator::generate(std::span<const int32_t> prompt, Sampler& s
       result.reason = StopReason::TokenLimit;  // no need to run the last token
       break;
     }
-    if (cached_.size() >= size_t(n_ctx_)) {
+    if (held >= size_t(n_ctx_)) {
       result.reason = StopReason::ContextFull;
       break;
     }
     sampler.accept(token);
-    logits = decode(token);
-    ++stats.n_decoded;
+    if (!on_device) {
+      logits = decode(token);
+      ++stats.n_decoded;
+    }
   }
+  while (model_.pending_greedy() > 0) model_.take_greedy();  // a step queued past the stop
   stats.decode_seconds = seconds_since(start);
   if (!stops.stopped()) {
     show(stops.push(decoder.flush()));

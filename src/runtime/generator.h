@@ -29,6 +29,9 @@ struct GenerationOptions {
   int max_tokens = -1;             // < 0: until the context is full
   std::vector<std::string> stop;   // stop strings (never shown)
   bool stop_at_end_of_generation = true;
+  // Plain greedy sampling takes the argmax where the logits are (the device) and queues
+  // each step before the host reads the previous token; false samples on the host.
+  bool argmax_on_device = true;
 };
 
 enum class StopReason { EndOfGeneration, StopString, TokenLimit, ContextFull };
@@ -71,6 +74,9 @@ class Generator {
   // Makes the cache hold exactly `tokens` and returns the logits after the last one
   // (valid until the next call). Throws when `tokens` is empty or longer than the context.
   std::span<const float> prefill(std::span<const int32_t> tokens);
+  // The same, but the last chunk leaves its argmax on the device (Model::forward_greedy)
+  // instead of returning logits; the token is read with model.take_greedy().
+  void prefill_to_argmax(std::span<const int32_t> tokens);
   // Appends one token and returns the logits after it.
   std::span<const float> decode(int32_t token);
 
@@ -80,6 +86,11 @@ class Generator {
                             const TextCallback& on_text = {});
 
  private:
+  // Cuts the cache back to the longest reusable prefix of `tokens`; returns its length.
+  size_t reuse_prefix(std::span<const int32_t> tokens);
+  // Runs tokens [begin, end) as one batch; the last token wants logits when `last`.
+  void run_chunk(std::span<const int32_t> tokens, size_t begin, size_t end, bool to_argmax);
+
   Model& model_;
   const Tokenizer& tokenizer_;
   int n_ctx_;

@@ -49,6 +49,12 @@ class Sampler {
   explicit Sampler(const SamplerParams& params);
 
   const SamplerParams& params() const { return params_; }
+  // Whether sample() is the plain argmax of the logits (greedy, no penalties): then the
+  // choice can be made where the logits are, on the device.
+  bool is_plain_argmax() const {
+    return params_.temperature <= 0 && params_.repeat_penalty == 1.0f && params_.frequency_penalty == 0.0f &&
+           params_.presence_penalty == 0.0f;
+  }
 
   // Picks a token from `logits` (one per vocabulary entry). Does not record it: call
   // accept() with the token that is actually fed to the model.

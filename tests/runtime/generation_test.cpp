@@ -56,15 +56,18 @@ SamplerParams greedy() {
 TEST(Generator, GreedyMatchesLlamaCppWithChunkedPrefill) {
   KILN_STORIES_CASE();
   Stories s(model_path);
-  const std::pair<GgmlType, int> runs[] = {  // cache type, prefill batch
-      {GgmlType::F16, 512}, {GgmlType::F16, 2}, {GgmlType::F32, 512}, {GgmlType::F32, 2}};
-  for (const auto& [cache_type, max_batch] : runs) {
-    SCOPED_TRACE(fmt::format("{} cache, prefill batches of {}", type_name(cache_type), max_batch));
+  const std::tuple<GgmlType, int, bool> runs[] = {  // cache type, prefill batch, argmax on the device
+      {GgmlType::F16, 512, true}, {GgmlType::F16, 2, true}, {GgmlType::F32, 512, true}, {GgmlType::F32, 2, true},
+      {GgmlType::F16, 512, false}, {GgmlType::F32, 2, false}};
+  for (const auto& [cache_type, max_batch, on_device] : runs) {
+    SCOPED_TRACE(fmt::format("{} cache, prefill batches of {}, argmax on the {}", type_name(cache_type), max_batch,
+                             on_device ? "device" : "host"));
     Generator gen(*s.model, *s.tokenizer, 256, max_batch, cache_type);
     Sampler sampler(greedy());
     std::string streamed;
-    const GenerationResult r = gen.generate(prompt, sampler, {.max_tokens = 100},
-                                            [&](std::string_view t) { streamed += t; });
+    GenerationOptions options{.max_tokens = 100};
+    options.argmax_on_device = on_device;
+    const GenerationResult r = gen.generate(prompt, sampler, options, [&](std::string_view t) { streamed += t; });
     EXPECT_EQ(r.tokens, expected_ids);
     EXPECT_EQ(r.text, expected_text);
     EXPECT_EQ(streamed, expected_text);
