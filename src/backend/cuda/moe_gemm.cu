@@ -1,0 +1,354 @@
+// MoE for many tokens: grouped expert GEMMs on the tensor cores (see moe.h).
+//
+//   1. sort: one block counts the (token, slot) pairs per expert, lays the experts' lists
+//      end to end (sorted position -> pair, pair -> sorted position) and cuts each list into
+//      tiles of kTileTokens (expert, first position, count). The order of pairs inside one
+//      expert's list is whatever the atomics give, but every pair's results are computed
+//      and stored on their own, so the output does not depend on it.
+//   2. gate/up + GLU: one launch; block (x, y) takes rows x*64.. of gate and of up of tile
+//      y's expert (blocks past the last tile leave at once: the grid is sized for the worst
+//      case, so nothing is read back to the host) and its tokens, over K = n_embd in steps
+//      of 32: weights decoded to bf16 into shared memory, activations gathered by token and
+//      rounded to bf16, bf16 WMMA with f32 accumulators; the epilogue applies the GLU and
+//      stores h (bf16) at the pairs' sorted positions.
+//   3. down: one launch over (row tiles of n_embd, tiles), K = n_ff, h as the bf16 operand;
+//      stores y (f32, bias added) at the sorted positions.
+//   4. combine: out[t] = sum_j weights[t][j] * y[pos(t, j)], slots in order.
+#include <mma.h>
+
+#include <string>
+
+#include "backend/cuda/moe.h"
+#include "backend/cuda/moe_kernels.cuh"
+
+namespace kiln::cuda {
+namespace detail {
+
+constexpr int kTileTokens = 64;   // tokens (sorted pairs) per tile
+constexpr int kTileK = 32;        // K step
+constexpr int kLdK = kTileK + 8;  // bf16 per shared row (pads off bank conflicts; a multiple of 8)
+constexpr int kGemmThreads = 256; // 8 warps: 4 along the rows x 2 along the tokens, 32 x 32 each
+constexpr int kTileRows = 128;    // weight rows per block (gate/up: 64 of gate + the same 64 of up)
+constexpr int kLdC = kTileRows + 4;
+
+using Bf16 = __nv_bfloat16;
+
+struct MoeTile {
+  int expert, start, count, pad;
+};
+
+struct Routing {
+  int32_t* n_tiles;
+  MoeTile* tiles;
+  int32_t* sorted_pair;  // [P]
+  int32_t* pos_of_pair;  // [P], -1 for an id out of range
+};
+
+__device__ __forceinline__ int routed_expert(const MoeFfnArgs& a, int64_t p) {
+  const int e = a.ids[(p / a.n_used) * a.ids_stride + p % a.n_used];
+  return e >= 0 && e < a.n_expert ? e : -1;
+}
+
+// One block; shared memory: two ints per expert.
+__global__ void __launch_bounds__(1024) moe_sort_kernel(MoeFfnArgs a, Routing r) {
+  extern __shared__ int counts[];
+  int* cursor = counts + a.n_expert;
+  const int64_t P = a.n_tokens * a.n_used;
+  for (int64_t e = threadIdx.x; e < a.n_expert; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = routed_expert(a, p);
+    if (e >= 0) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int offset = 0, n = 0;
+    for (int e = 0; e < a.n_expert; ++e) {
+      cursor[e] = offset;
+      for (int s = 0; s < counts[e]; s += kTileTokens) r.tiles[n++] = MoeTile{e, offset + s, min(kTileTokens, counts[e] - s), 0};
+      offset += counts[e];
+    }
+    *r.n_tiles = n;
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = routed_expert(a, p);
+    int pos = -1;
+    if (e >= 0) {
+      pos = atomicAdd(&cursor[e], 1);
+      r.sorted_pair[pos] = int32_t(p);
+    }
+    r.pos_of_pair[p] = pos;
+  }
+}
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
+  uint4 u;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    w[i] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return u;
+}
+
+__device__ __forceinline__ const uint8_t* matrix_row(const ExpertMatrix& m, int expert, int64_t row) {
+  return static_cast<const uint8_t*>(m.data) + int64_t(expert) * m.expert_bytes + row * m.row_bytes;
+}
+
+struct GemmShared {
+  union {
+    struct {
+      uint16_t a[kTileRows][kLdK];    // bf16 weights, row-major (row, k)
+      uint16_t b[kTileTokens][kLdK];  // bf16 activations, (token, k): column-major K x N
+    } in;
+    float c[kTileTokens][kLdC];    // results, column-major (token, row)
+  };
+};
+
+// The block's 128 x 64 product over one K step from the staged tiles; acc[i][j] is the warp's
+// 16 x 16 piece (rows 32*wm + 16*i, tokens 32*wn + 16*j).
+using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+__device__ __forceinline__ void mma_step(const GemmShared& s, AccFrag (&acc)[2][2]) {
+  using namespace nvcuda;
+  const int warp = threadIdx.x / kWarpSize, wm = warp % 4, wn = warp / 4;
+#pragma unroll
+  for (int kk = 0; kk < kTileK; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> fa[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> fb[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], reinterpret_cast<const Bf16*>(&s.in.a[32 * wm + 16 * i][kk]), kLdK);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], reinterpret_cast<const Bf16*>(&s.in.b[32 * wn + 16 * j][kk]), kLdK);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+  }
+}
+
+__device__ __forceinline__ void store_acc(GemmShared& s, AccFrag (&acc)[2][2]) {
+  using namespace nvcuda;
+  const int warp = threadIdx.x / kWarpSize, wm = warp % 4, wn = warp / 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(&s.c[32 * wn + 16 * j][32 * wm + 16 * i], acc[i][j], kLdC, wmma::mem_col_major);
+}
+
+__device__ __forceinline__ void zero_acc(AccFrag (&acc)[2][2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+}
+
+// Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert.
+template <typename W>
+__global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnArgs a, Routing rt, Bf16* h) {
+  __shared__ __align__(128) GemmShared s;
+  if (int(blockIdx.y) >= *rt.n_tiles) return;
+  const MoeTile tile = rt.tiles[blockIdx.y];
+  const int64_t row0 = int64_t(blockIdx.x) * (kTileRows / 2);
+  const int tid = threadIdx.x;
+
+  // Weight staging: thread -> row tid / 4 of gate and of up, 8 columns at (tid % 4) * 8.
+  const int w_row = tid / 4, w_col = (tid % 4) * 8;
+  const bool w_valid = row0 + w_row < a.n_ff;
+  const uint8_t* gate_row = matrix_row(a.gate, tile.expert, w_valid ? row0 + w_row : 0);
+  const uint8_t* up_row = matrix_row(a.up, tile.expert, w_valid ? row0 + w_row : 0);
+  // Activation staging: thread -> tokens tid / 8 and tid / 8 + 32, 4 columns at (tid % 8) * 4.
+  const int x_tok = tid / 8, x_col = (tid % 8) * 4;
+  const float* x_rows[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int n = x_tok + 32 * i;
+    x_rows[i] = n < tile.count ? a.x + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.x_stride : nullptr;
+  }
+  const bool x_vector = a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+
+  AccFrag acc[2][2];
+  zero_acc(acc);
+  for (int64_t k0 = 0; k0 < a.n_embd; k0 += kTileK) {
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (w_valid) load8_weights<W>(gate_row, k0 + w_col, v);
+    *reinterpret_cast<uint4*>(&s.in.a[w_row][w_col]) = pack_bf16x8(v);
+    if (w_valid) load8_weights<W>(up_row, k0 + w_col, v);
+    *reinterpret_cast<uint4*>(&s.in.a[w_row + 64][w_col]) = pack_bf16x8(v);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float4 xv = make_float4(0, 0, 0, 0);
+      if (x_rows[i]) {
+        const float* src = x_rows[i] + k0 + x_col;
+        xv = x_vector ? __ldg(reinterpret_cast<const float4*>(src)) : make_float4(src[0], src[1], src[2], src[3]);
+      }
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(xv.x, xv.y), hi = __floats2bfloat162_rn(xv.z, xv.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(&s.in.b[x_tok + 32 * i][x_col]) = packed;
+    }
+    __syncthreads();
+    mma_step(s, acc);
+    __syncthreads();
+  }
+  store_acc(s, acc);
+  __syncthreads();
+  for (int idx = tid; idx < kTileTokens * 64; idx += kGemmThreads) {
+    const int n = idx / 64, r = idx % 64;
+    const int64_t row = row0 + r;
+    if (n >= tile.count || row >= a.n_ff) continue;
+    float g = s.c[n][r], u = s.c[n][r + 64];
+    if (a.gate.bias) g += a.gate.bias[int64_t(tile.expert) * a.gate.bias_stride + row];
+    if (a.up.bias) u += a.up.bias[int64_t(tile.expert) * a.up.bias_stride + row];
+    h[int64_t(tile.start + n) * a.n_ff + row] = __float2bfloat16_rn(moe_glu(a.act, g, u, a.alpha, a.limit));
+  }
+}
+
+// Rows x*128 .. of down of the tile's expert; y (f32, bias added) at the sorted positions.
+template <typename W>
+__global__ void __launch_bounds__(kGemmThreads) moe_down_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* h,
+                                                                     float* y) {
+  __shared__ __align__(128) GemmShared s;
+  if (int(blockIdx.y) >= *rt.n_tiles) return;
+  const MoeTile tile = rt.tiles[blockIdx.y];
+  const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
+  const int tid = threadIdx.x;
+
+  // Weight staging: thread -> rows tid / 4 and tid / 4 + 64, 8 columns at (tid % 4) * 8.
+  const int w_row = tid / 4, w_col = (tid % 4) * 8;
+  const uint8_t* w_rows[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t row = row0 + w_row + 64 * i;
+    w_rows[i] = row < a.n_embd ? matrix_row(a.down, tile.expert, row) : nullptr;
+  }
+  // h staging: thread -> token tid / 4, 8 columns at (tid % 4) * 8.
+  const int h_tok = tid / 4, h_col = (tid % 4) * 8;
+  const Bf16* h_row = h_tok < tile.count ? h + int64_t(tile.start + h_tok) * a.n_ff : nullptr;
+
+  AccFrag acc[2][2];
+  zero_acc(acc);
+  for (int64_t k0 = 0; k0 < a.n_ff; k0 += kTileK) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (w_rows[i]) load8_weights<W>(w_rows[i], k0 + w_col, v);
+      *reinterpret_cast<uint4*>(&s.in.a[w_row + 64 * i][w_col]) = pack_bf16x8(v);
+    }
+    const uint4 hv = h_row ? __ldg(reinterpret_cast<const uint4*>(h_row + k0 + h_col)) : make_uint4(0, 0, 0, 0);
+    *reinterpret_cast<uint4*>(&s.in.b[h_tok][h_col]) = hv;
+    __syncthreads();
+    mma_step(s, acc);
+    __syncthreads();
+  }
+  store_acc(s, acc);
+  __syncthreads();
+  for (int idx = tid; idx < kTileTokens * kTileRows; idx += kGemmThreads) {
+    const int n = idx / kTileRows, r = idx % kTileRows;
+    const int64_t row = row0 + r;
+    if (n >= tile.count || row >= a.n_embd) continue;
+    float v = s.c[n][r];
+    if (a.down.bias) v += a.down.bias[int64_t(tile.expert) * a.down.bias_stride + row];
+    y[int64_t(tile.start + n) * a.n_embd + row] = v;
+  }
+}
+
+// out[t][i] = sum_j weights[t][j] * y[pos(t, j)][i]; grid (ceil(n_embd / 256), tokens).
+__global__ void __launch_bounds__(256) moe_combine_sorted_kernel(MoeFfnArgs a, const int32_t* pos_of_pair,
+                                                                 const float* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
+  if (i >= a.n_embd) return;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < a.n_used; ++j) {
+    const int pos = pos_of_pair[t * a.n_used + j];
+    const float v = pos < 0 ? moe_nan() : y[int64_t(pos) * a.n_embd + i];
+    sum = fmaf(a.weights[t * a.weights_stride + j], v, sum);
+  }
+  a.out[t * a.out_stride + i] = sum;
+}
+
+// ---- host side -------------------------------------------------------------------------------
+
+constexpr size_t kGemmAlign = 256;
+size_t gemm_align(size_t v) { return (v + kGemmAlign - 1) / kGemmAlign * kGemmAlign; }
+
+int64_t max_tiles(const MoeFfnArgs& a) { return (a.n_tokens * a.n_used + kTileTokens - 1) / kTileTokens + a.n_expert; }
+
+struct GemmScratch {
+  size_t n_tiles = 0, tiles = 0, sorted = 0, pos = 0, h = 0, y = 0, total = 0;
+};
+
+GemmScratch plan_gemm_scratch(const MoeFfnArgs& a) {
+  GemmScratch s;
+  const size_t P = size_t(a.n_tokens * a.n_used);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t start = at;
+    at += gemm_align(bytes);
+    return start;
+  };
+  s.n_tiles = take(sizeof(int32_t));
+  s.tiles = take(size_t(max_tiles(a)) * sizeof(MoeTile));
+  s.sorted = take(P * sizeof(int32_t));
+  s.pos = take(P * sizeof(int32_t));
+  s.h = take(P * size_t(a.n_ff) * sizeof(Bf16));
+  s.y = take(P * size_t(a.n_embd) * sizeof(float));
+  s.total = at;
+  return s;
+}
+
+}  // namespace detail
+
+bool moe_gemm_fits(const MoeFfnArgs& a) {
+  return moe_supports(a.gate.type, a.down.type) && a.gate.type == a.up.type && a.n_embd % detail::kTileK == 0 &&
+         a.n_ff % detail::kTileK == 0 && a.n_expert > 0 && a.n_expert <= kMoeGemmMaxExperts && a.n_tokens > 0 &&
+         a.n_tokens <= 65535 && a.n_used > 0 && detail::max_tiles(a) <= 65535 &&
+         (a.n_ff + 63) / 64 <= 65535;
+}
+
+size_t moe_gemm_scratch_bytes(const MoeFfnArgs& a) { return detail::plan_gemm_scratch(a).total; }
+
+Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  using namespace detail;
+  if (!moe_gemm_fits(a))
+    return Status::invalid("moe_ffn grouped GEMM: n_embd " + std::to_string(a.n_embd) + " and n_ff " +
+                           std::to_string(a.n_ff) + " must be multiples of 32, gate and up of one supported type (" +
+                           std::string(type_name(a.gate.type)) + " / " + std::string(type_name(a.up.type)) +
+                           "), at most " + std::to_string(kMoeGemmMaxExperts) + " experts");
+  const GemmScratch s = plan_gemm_scratch(a);
+  if (!scratch || scratch_bytes < s.total || reinterpret_cast<uintptr_t>(scratch) % kGemmAlign != 0)
+    return Status::invalid("moe_ffn grouped GEMM: needs " + std::to_string(s.total) +
+                           " bytes of 256-byte aligned scratch, got " + std::to_string(scratch_bytes));
+  auto* base = static_cast<uint8_t*>(scratch);
+  Routing rt{reinterpret_cast<int32_t*>(base + s.n_tiles), reinterpret_cast<MoeTile*>(base + s.tiles),
+             reinterpret_cast<int32_t*>(base + s.sorted), reinterpret_cast<int32_t*>(base + s.pos)};
+  auto* h = reinterpret_cast<Bf16*>(base + s.h);
+  auto* y = reinterpret_cast<float*>(base + s.y);
+
+  moe_sort_kernel<<<1, 1024, size_t(2 * a.n_expert) * sizeof(int), stream>>>(a, rt);
+  if (Status st = launch_status("moe_sort_kernel"); !st.ok()) return st;
+
+  Status status;
+  const unsigned tiles = unsigned(max_tiles(a));
+  visit_moe_format(a.gate.type, [&](auto fmt) {
+    const dim3 grid(unsigned((a.n_ff + 63) / 64), tiles);
+    moe_gate_up_gemm_kernel<decltype(fmt)><<<grid, kGemmThreads, 0, stream>>>(a, rt, h);
+    status = launch_status("moe_gate_up_gemm_kernel");
+  });
+  if (!status.ok()) return status;
+  visit_moe_format(a.down.type, [&](auto fmt) {
+    const dim3 grid(unsigned((a.n_embd + kTileRows - 1) / kTileRows), tiles);
+    moe_down_gemm_kernel<decltype(fmt)><<<grid, kGemmThreads, 0, stream>>>(a, rt, h, y);
+    status = launch_status("moe_down_gemm_kernel");
+  });
+  if (!status.ok()) return status;
+  const dim3 grid(unsigned((a.n_embd + 255) / 256), unsigned(a.n_tokens));
+  moe_combine_sorted_kernel<<<grid, 256, 0, stream>>>(a, rt.pos_of_pair, y);
+  return launch_status("moe_combine_sorted_kernel");
+}
+
+}  // namespace kiln::cuda
