@@ -7,10 +7,12 @@
 //      and stored on their own, so the output does not depend on it.
 //   2. gate/up + GLU: one launch; block (x, y) takes rows x*64.. of gate and of up of tile
 //      y's expert (blocks past the last tile leave at once: the grid is sized for the worst
-//      case, so nothing is read back to the host) and its tokens, over K = n_embd in steps
-//      of 32: weights decoded to bf16 into shared memory, activations gathered by token and
-//      rounded to bf16, bf16 WMMA with f32 accumulators; the epilogue applies the GLU and
-//      stores h (bf16) at the pairs' sorted positions.
+//      case, so nothing is read back to the host) and its tokens, over K = n_embd: the raw
+//      weight bytes of 256 columns (one K-quant super-block, 8 blocks of 32) per row are
+//      copied into shared memory with 16-byte asynchronous copies one chunk ahead, then
+//      decoded 32 columns at a time into a bf16 tile; activations are gathered by token
+//      and rounded to bf16 (fetched one step ahead); bf16 WMMA with f32 accumulators; the
+//      epilogue applies the GLU and stores h (bf16) at the pairs' sorted positions.
 //   3. down: one launch over (row tiles of n_embd, tiles), K = n_ff, h as the bf16 operand;
 //      stores y (f32, bias added) at the sorted positions.
 //   4. combine: out[t] = sum_j weights[t][j] * y[pos(t, j)], slots in order.
@@ -97,21 +99,54 @@ __device__ __forceinline__ const uint8_t* matrix_row(const ExpertMatrix& m, int 
   return static_cast<const uint8_t*>(m.data) + int64_t(expert) * m.expert_bytes + row * m.row_bytes;
 }
 
-struct GemmShared {
-  union {
-    struct {
-      uint16_t a[kTileRows][kLdK];    // bf16 weights, row-major (row, k)
-      uint16_t b[kTileTokens][kLdK];  // bf16 activations, (token, k): column-major K x N
-    } in;
-    float c[kTileTokens][kLdC];    // results, column-major (token, row)
-  };
+// ---- the tile engine ---------------------------------------------------------------------
+// Raw weight bytes travel in chunks of kK columns (one K-quant super-block, or 8 blocks of
+// 32) per row, copied with 16-byte asynchronous copies one chunk ahead; each chunk is then
+// decoded 32 columns at a time from shared memory into the bf16 A tile.
+
+template <typename W>
+struct RawChunk {
+  static constexpr int kK = IsPlain<W>::value ? (W::kBytes == 4 ? 64 : 128) : 256;
+  static constexpr int kBytes = IsPlain<W>::value ? kK * W::kBytes : kK / W::kElems * W::kBytes;
+  // The chunk's bytes behind up to 15 bytes of misalignment, in whole 16-byte pieces.
+  static constexpr int kPitch = (kBytes + 15 + 15) / 16 * 16;
+  static constexpr int kPieces = kPitch / 16;
 };
 
-// The block's 128 x 64 product over one K step from the staged tiles; acc[i][j] is the warp's
-// 16 x 16 piece (rows 32*wm + 16*i, tokens 32*wn + 16*j).
+// Dynamic shared memory: [2 raw stages][A tile][B tile]; the f32 results alias the stages.
+template <typename W>
+struct GemmLayout {
+  static constexpr int kStageBytes = kTileRows * RawChunk<W>::kPitch;
+  static constexpr int kCBytes = kTileTokens * kLdC * 4;
+  static constexpr int kRawBytes = 2 * kStageBytes > kCBytes ? 2 * kStageBytes : kCBytes;
+  static constexpr int kABytes = kTileRows * kLdK * 2;
+  static constexpr int kBBytes = kTileTokens * kLdK * 2;
+  static constexpr int kTotal = kRawBytes + kABytes + kBBytes;
+};
+
+// Elements e0 .. e0+7 of a chunk row staged at `row` (its first byte, misalignment skipped).
+template <typename W>
+__device__ __forceinline__ void decode8_staged(const uint8_t* row, int e0, float* v) {
+  if constexpr (IsPlain<W>::value) {
+    if constexpr (W::kBytes == 4) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = reinterpret_cast<const float*>(row)[e0 + i];
+    } else {
+      const unsigned short* e = reinterpret_cast<const unsigned short*>(row) + e0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = W::kBf16 ? bf16_to_float(e[i]) : half_to_float(e[i]);
+    }
+  } else {
+    W::decode8(row + (e0 / W::kElems) * W::kBytes, (e0 % W::kElems) / 8, v);
+  }
+}
+
 using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
 
-__device__ __forceinline__ void mma_step(const GemmShared& s, AccFrag (&acc)[2][2]) {
+// The block's 128 x 64 product over one K step of 32 from the staged tiles (A: row-major
+// (row, k); B: (token, k), i.e. column-major K x N); acc[i][j] is the warp's 16 x 16 piece
+// at rows 32*wm + 16*i, tokens 32*wn + 16*j.
+__device__ __forceinline__ void mma_step(const Bf16* a_tile, const Bf16* b_tile, AccFrag (&acc)[2][2]) {
   using namespace nvcuda;
   const int warp = threadIdx.x / kWarpSize, wm = warp % 4, wn = warp / 4;
 #pragma unroll
@@ -119,9 +154,9 @@ __device__ __forceinline__ void mma_step(const GemmShared& s, AccFrag (&acc)[2][
     wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> fa[2];
     wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> fb[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], reinterpret_cast<const Bf16*>(&s.in.a[32 * wm + 16 * i][kk]), kLdK);
+    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], a_tile + (32 * wm + 16 * i) * kLdK + kk, kLdK);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], reinterpret_cast<const Bf16*>(&s.in.b[32 * wn + 16 * j][kk]), kLdK);
+    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], b_tile + (32 * wn + 16 * j) * kLdK + kk, kLdK);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -129,14 +164,15 @@ __device__ __forceinline__ void mma_step(const GemmShared& s, AccFrag (&acc)[2][
   }
 }
 
-__device__ __forceinline__ void store_acc(GemmShared& s, AccFrag (&acc)[2][2]) {
+// Results as c[token * kLdC + row].
+__device__ __forceinline__ void store_acc(float* c, AccFrag (&acc)[2][2]) {
   using namespace nvcuda;
   const int warp = threadIdx.x / kWarpSize, wm = warp % 4, wn = warp / 4;
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(&s.c[32 * wn + 16 * j][32 * wm + 16 * i], acc[i][j], kLdC, wmma::mem_col_major);
+      wmma::store_matrix_sync(c + (32 * wn + 16 * j) * kLdC + 32 * wm + 16 * i, acc[i][j], kLdC, wmma::mem_col_major);
 }
 
 __device__ __forceinline__ void zero_acc(AccFrag (&acc)[2][2]) {
@@ -146,62 +182,150 @@ __device__ __forceinline__ void zero_acc(AccFrag (&acc)[2][2]) {
     for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
 }
 
+// One block's product of kTileRows weight rows (row_of(i): its bytes, or null past the end)
+// with kTileTokens activation rows over K columns, into acc. The activations come from
+// `Act`: load(sub) fetches this thread's share of sub-step `sub` (32 columns) into
+// registers, store() puts it into the B tile.
+template <typename W, typename Act>
+__device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* rows, int64_t K, Act& act,
+                                          AccFrag (&acc)[2][2]) {
+  using C = RawChunk<W>;
+  using L = GemmLayout<W>;
+  uint8_t* raw = smem;
+  uint16_t* a_tile = reinterpret_cast<uint16_t*>(smem + L::kRawBytes);
+  uint16_t* b_tile = reinterpret_cast<uint16_t*>(smem + L::kRawBytes + L::kABytes);
+  const int tid = threadIdx.x;
+  const int64_t n_chunks = (K + C::kK - 1) / C::kK;
+
+  auto chunk_bytes = [&](int64_t c) {
+    const int64_t cols = min64(C::kK, K - c * C::kK);
+    return IsPlain<W>::value ? int(cols) * W::kBytes : int(cols / W::kElems) * W::kBytes;
+  };
+  auto chunk_src = [&](int r, int64_t c) {  // first byte of chunk c of tile row r
+    return rows[r] + c * (IsPlain<W>::value ? int64_t(C::kK) * W::kBytes : int64_t(C::kK / W::kElems) * W::kBytes);
+  };
+  auto issue = [&](int64_t c) {
+    if (c < n_chunks) {
+      const int bytes = chunk_bytes(c);
+      uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
+      for (int i = tid; i < kTileRows * C::kPieces; i += kGemmThreads) {
+        const int r = i / C::kPieces, piece = i % C::kPieces;
+        if (!rows[r]) continue;
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(chunk_src(r, c));
+        if (piece * 16 >= int(addr & 15) + bytes) continue;
+        cp_async_16(stage + r * C::kPitch + 16 * piece, reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
+      }
+    }
+    cp_async_commit();
+  };
+
+  // This thread decodes rows a_row and a_row + 64, 8 columns at a_col of each sub-step.
+  const int a_row = tid / 4, a_col = (tid % 4) * 8;
+  issue(0);
+  act.load(0);
+  int64_t sub = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    issue(c + 1);
+    cp_async_wait<1>();
+    __syncthreads();  // chunk c is in shared memory for every thread
+    const uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
+    const int subs = int(min64(C::kK, K - c * C::kK) / kTileK);
+    for (int s = 0; s < subs; ++s, ++sub) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = a_row + 64 * half;
+        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (rows[r]) {
+          const int head = int(reinterpret_cast<uintptr_t>(chunk_src(r, c)) & 15);
+          decode8_staged<W>(stage + r * C::kPitch + head, s * kTileK + a_col, v);
+        }
+        *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
+      }
+      act.store(b_tile);
+      if ((sub + 1) * kTileK < K) act.load(sub + 1);
+      __syncthreads();
+      mma_step(reinterpret_cast<const Bf16*>(a_tile), reinterpret_cast<const Bf16*>(b_tile), acc);
+      __syncthreads();
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// Activations of gate/up: f32 rows of x gathered by token, rounded to bf16. Thread ->
+// tokens tid / 8 and tid / 8 + 32, 4 columns at (tid % 8) * 4.
+struct GatheredX {
+  const float* rows[2];
+  bool vector;
+  float4 v[2];
+  __device__ void load(int64_t sub) {
+    const int col = (threadIdx.x % 8) * 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      v[i] = make_float4(0, 0, 0, 0);
+      if (rows[i]) {
+        const float* src = rows[i] + sub * kTileK + col;
+        v[i] = vector ? __ldg(reinterpret_cast<const float4*>(src)) : make_float4(src[0], src[1], src[2], src[3]);
+      }
+    }
+  }
+  __device__ void store(uint16_t* b_tile) const {
+    const int tok = threadIdx.x / 8, col = (threadIdx.x % 8) * 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[i].x, v[i].y), hi = __floats2bfloat162_rn(v[i].z, v[i].w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(b_tile + (tok + 32 * i) * kLdK + col) = packed;
+    }
+  }
+};
+
+// Activations of down: h (bf16) at the tile's sorted positions. Thread -> token tid / 4,
+// 8 columns at (tid % 4) * 8.
+struct SortedH {
+  const Bf16* row;
+  uint4 v;
+  __device__ void load(int64_t sub) {
+    v = row ? __ldg(reinterpret_cast<const uint4*>(row + sub * kTileK + (threadIdx.x % 4) * 8)) : make_uint4(0, 0, 0, 0);
+  }
+  __device__ void store(uint16_t* b_tile) const {
+    *reinterpret_cast<uint4*>(b_tile + (threadIdx.x / 4) * kLdK + (threadIdx.x % 4) * 8) = v;
+  }
+};
+
 // Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert.
 template <typename W>
 __global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnArgs a, Routing rt, Bf16* h) {
-  __shared__ __align__(128) GemmShared s;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ const uint8_t* rows[kTileRows];
   if (int(blockIdx.y) >= *rt.n_tiles) return;
   const MoeTile tile = rt.tiles[blockIdx.y];
   const int64_t row0 = int64_t(blockIdx.x) * (kTileRows / 2);
   const int tid = threadIdx.x;
-
-  // Weight staging: thread -> row tid / 4 of gate and of up, 8 columns at (tid % 4) * 8.
-  const int w_row = tid / 4, w_col = (tid % 4) * 8;
-  const bool w_valid = row0 + w_row < a.n_ff;
-  const uint8_t* gate_row = matrix_row(a.gate, tile.expert, w_valid ? row0 + w_row : 0);
-  const uint8_t* up_row = matrix_row(a.up, tile.expert, w_valid ? row0 + w_row : 0);
-  // Activation staging: thread -> tokens tid / 8 and tid / 8 + 32, 4 columns at (tid % 8) * 4.
-  const int x_tok = tid / 8, x_col = (tid % 8) * 4;
-  const float* x_rows[2];
+  if (tid < kTileRows) {
+    const int64_t row = row0 + tid % 64;
+    rows[tid] = row < a.n_ff ? matrix_row(tid < 64 ? a.gate : a.up, tile.expert, row) : nullptr;
+  }
+  GatheredX act;
+  act.vector = a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const int n = x_tok + 32 * i;
-    x_rows[i] = n < tile.count ? a.x + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.x_stride : nullptr;
+    const int n = tid / 8 + 32 * i;
+    act.rows[i] = n < tile.count ? a.x + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.x_stride : nullptr;
   }
-  const bool x_vector = a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
-
+  __syncthreads();
   AccFrag acc[2][2];
   zero_acc(acc);
-  for (int64_t k0 = 0; k0 < a.n_embd; k0 += kTileK) {
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (w_valid) load8_weights<W>(gate_row, k0 + w_col, v);
-    *reinterpret_cast<uint4*>(&s.in.a[w_row][w_col]) = pack_bf16x8(v);
-    if (w_valid) load8_weights<W>(up_row, k0 + w_col, v);
-    *reinterpret_cast<uint4*>(&s.in.a[w_row + 64][w_col]) = pack_bf16x8(v);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float4 xv = make_float4(0, 0, 0, 0);
-      if (x_rows[i]) {
-        const float* src = x_rows[i] + k0 + x_col;
-        xv = x_vector ? __ldg(reinterpret_cast<const float4*>(src)) : make_float4(src[0], src[1], src[2], src[3]);
-      }
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(xv.x, xv.y), hi = __floats2bfloat162_rn(xv.z, xv.w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(&s.in.b[x_tok + 32 * i][x_col]) = packed;
-    }
-    __syncthreads();
-    mma_step(s, acc);
-    __syncthreads();
-  }
-  store_acc(s, acc);
+  gemm_tile<W>(smem, rows, a.n_embd, act, acc);
+  float* c = reinterpret_cast<float*>(smem);
+  store_acc(c, acc);
   __syncthreads();
   for (int idx = tid; idx < kTileTokens * 64; idx += kGemmThreads) {
     const int n = idx / 64, r = idx % 64;
     const int64_t row = row0 + r;
     if (n >= tile.count || row >= a.n_ff) continue;
-    float g = s.c[n][r], u = s.c[n][r + 64];
+    float g = c[n * kLdC + r], u = c[n * kLdC + r + 64];
     if (a.gate.bias) g += a.gate.bias[int64_t(tile.expert) * a.gate.bias_stride + row];
     if (a.up.bias) u += a.up.bias[int64_t(tile.expert) * a.up.bias_stride + row];
     h[int64_t(tile.start + n) * a.n_ff + row] = __float2bfloat16_rn(moe_glu(a.act, g, u, a.alpha, a.limit));
@@ -212,46 +336,27 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnAr
 template <typename W>
 __global__ void __launch_bounds__(kGemmThreads) moe_down_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* h,
                                                                      float* y) {
-  __shared__ __align__(128) GemmShared s;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ const uint8_t* rows[kTileRows];
   if (int(blockIdx.y) >= *rt.n_tiles) return;
   const MoeTile tile = rt.tiles[blockIdx.y];
   const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
   const int tid = threadIdx.x;
-
-  // Weight staging: thread -> rows tid / 4 and tid / 4 + 64, 8 columns at (tid % 4) * 8.
-  const int w_row = tid / 4, w_col = (tid % 4) * 8;
-  const uint8_t* w_rows[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int64_t row = row0 + w_row + 64 * i;
-    w_rows[i] = row < a.n_embd ? matrix_row(a.down, tile.expert, row) : nullptr;
-  }
-  // h staging: thread -> token tid / 4, 8 columns at (tid % 4) * 8.
-  const int h_tok = tid / 4, h_col = (tid % 4) * 8;
-  const Bf16* h_row = h_tok < tile.count ? h + int64_t(tile.start + h_tok) * a.n_ff : nullptr;
-
+  if (tid < kTileRows) rows[tid] = row0 + tid < a.n_embd ? matrix_row(a.down, tile.expert, row0 + tid) : nullptr;
+  SortedH act;
+  act.row = tid / 4 < tile.count ? h + int64_t(tile.start + tid / 4) * a.n_ff : nullptr;
+  __syncthreads();
   AccFrag acc[2][2];
   zero_acc(acc);
-  for (int64_t k0 = 0; k0 < a.n_ff; k0 += kTileK) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (w_rows[i]) load8_weights<W>(w_rows[i], k0 + w_col, v);
-      *reinterpret_cast<uint4*>(&s.in.a[w_row + 64 * i][w_col]) = pack_bf16x8(v);
-    }
-    const uint4 hv = h_row ? __ldg(reinterpret_cast<const uint4*>(h_row + k0 + h_col)) : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(&s.in.b[h_tok][h_col]) = hv;
-    __syncthreads();
-    mma_step(s, acc);
-    __syncthreads();
-  }
-  store_acc(s, acc);
+  gemm_tile<W>(smem, rows, a.n_ff, act, acc);
+  float* c = reinterpret_cast<float*>(smem);
+  store_acc(c, acc);
   __syncthreads();
   for (int idx = tid; idx < kTileTokens * kTileRows; idx += kGemmThreads) {
     const int n = idx / kTileRows, r = idx % kTileRows;
     const int64_t row = row0 + r;
     if (n >= tile.count || row >= a.n_embd) continue;
-    float v = s.c[n][r];
+    float v = c[n * kLdC + r];
     if (a.down.bias) v += a.down.bias[int64_t(tile.expert) * a.down.bias_stride + row];
     y[int64_t(tile.start + n) * a.n_embd + row] = v;
   }
@@ -335,14 +440,28 @@ Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cu
   Status status;
   const unsigned tiles = unsigned(max_tiles(a));
   visit_moe_format(a.gate.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    const int smem = GemmLayout<W>::kTotal;
+    if (cudaError_t e = cudaFuncSetAttribute(moe_gate_up_gemm_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess) {
+      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_gate_up_gemm_kernel)");
+      return;
+    }
     const dim3 grid(unsigned((a.n_ff + 63) / 64), tiles);
-    moe_gate_up_gemm_kernel<decltype(fmt)><<<grid, kGemmThreads, 0, stream>>>(a, rt, h);
+    moe_gate_up_gemm_kernel<W><<<grid, kGemmThreads, smem, stream>>>(a, rt, h);
     status = launch_status("moe_gate_up_gemm_kernel");
   });
   if (!status.ok()) return status;
   visit_moe_format(a.down.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    const int smem = GemmLayout<W>::kTotal;
+    if (cudaError_t e = cudaFuncSetAttribute(moe_down_gemm_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess) {
+      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_down_gemm_kernel)");
+      return;
+    }
     const dim3 grid(unsigned((a.n_embd + kTileRows - 1) / kTileRows), tiles);
-    moe_down_gemm_kernel<decltype(fmt)><<<grid, kGemmThreads, 0, stream>>>(a, rt, h, y);
+    moe_down_gemm_kernel<W><<<grid, kGemmThreads, smem, stream>>>(a, rt, h, y);
     status = launch_status("moe_down_gemm_kernel");
   });
   if (!status.ok()) return status;

@@ -31,6 +31,7 @@ struct PlainFormat {
   static constexpr bool kPlain = true;
   static constexpr int kElems = 1;
   static constexpr int kBytes = T == GgmlType::F32 ? 4 : 2;
+  static constexpr bool kBf16 = T == GgmlType::BF16;
   __device__ static float load1(const uint8_t* row, int64_t i) {
     if constexpr (T == GgmlType::F32) return __ldg(reinterpret_cast<const float*>(row) + i);
     if constexpr (T == GgmlType::F16) return half_to_float(__ldg(reinterpret_cast<const unsigned short*>(row) + i));
