@@ -95,6 +95,10 @@ class CudaBackend final : public Backend {
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
   void add_bias(const Tensor& bias, Tensor& out);
+  // MoE (cuda_backend_moe.cpp): every expert on every token, for expert types the routed
+  // kernels refuse (gate and up of different types).
+  void moe_ffn_all_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
+                           const GluParams& act, Tensor& out);
 
   // The int8 copy of the last quantized matmul's input: the next matmul over the same x
   // (q/k/v share the attention norm's output, gate/up the ffn norm's) reuses it instead of

@@ -95,11 +95,6 @@ struct Sig {
 // Bytes per token of the int8 input copies (the same for every quantized weight type).
 size_t q8_row_bytes(int64_t cols) { return (cuda::matvec_scratch_bytes(GgmlType::Q4_0, cols) + 255) / 256 * 256; }
 
-Tensor bias_of(const Tensor& stacked, int64_t expert) {
-  if (stacked.empty()) return {};
-  return Tensor::contiguous(GgmlType::F32, {stacked.ne[0]}, stacked.row_ptr(expert), Device::Cuda, stacked.name);
-}
-
 }  // namespace cuda_ops
 
 using namespace cuda_ops;
@@ -507,47 +502,6 @@ void CudaBackend::moe_route(const Tensor& logits, const MoeRouteParams& p, Tenso
   Sig sig(Op::MoeRoute);
   sig.t(logits).t(ids).t(weights).v(p.n_used).v(p.gating).v(p.normalize).v(p.scale).v(a.selection_bias);
   record(sig.h, T, [=](cudaStream_t s) { return cuda::moe_route(a, s); }, "moe_route");
-}
-
-// v1: every expert runs on every token (dense), and the combine keeps each token's routed
-// experts with their weights. Exact and graph-friendly (no expert ids read back), but it
-// reads all experts' weights: n_expert / n_used times the routed cost.
-void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor& ids, const Tensor& weights,
-                         const GluParams& act, Tensor& out) {
-  require_f32(x, "moe_ffn", "x");
-  require_f32(out, "moe_ffn", "out");
-  require_f32(weights, "moe_ffn", "weights");
-  KILN_CHECK(x.data != out.data, "cuda moe_ffn: out must not alias x");
-  const int64_t n_embd = x.ne[0], T = x.rows(), n_used = ids.ne[0];
-  const int64_t n_expert = ex.gate.ne[2], n_ff = ex.gate.ne[1];
-  KILN_CHECK(ex.gate.ne[0] == n_embd && ex.up.ne[0] == n_embd && ex.up.ne[1] == n_ff && ex.up.ne[2] == n_expert &&
-                 ex.down.ne[0] == n_ff && ex.down.ne[1] == n_embd && ex.down.ne[2] == n_expert,
-             "cuda moe_ffn: experts gate {} up {} down {} do not fit rows of {}", ex.gate.describe(), ex.up.describe(),
-             ex.down.describe(), n_embd);
-  KILN_CHECK(ids.dtype == GgmlType::I32 && ids.rows() == T && weights.ne[0] == n_used && weights.rows() == T &&
-                 out.ne[0] == n_embd && out.rows() == T,
-             "cuda moe_ffn: ids {} / weights {} / out {} do not fit {} tokens", ids.describe(), weights.describe(),
-             out.describe(), T);
-  const size_t floats = size_t(2 * n_ff + n_embd) * size_t(T);
-  auto* base = static_cast<float*>(scratch(moe_scratch_, floats * sizeof(float)));
-  Tensor gate = Tensor::contiguous(GgmlType::F32, {n_ff, T}, base, Device::Cuda, "moe_gate");
-  Tensor up = Tensor::contiguous(GgmlType::F32, {n_ff, T}, base + n_ff * T, Device::Cuda, "moe_up");
-  Tensor y = Tensor::contiguous(GgmlType::F32, {n_embd, T}, base + 2 * n_ff * T, Device::Cuda, "moe_y");
-  for (int64_t e = 0; e < n_expert; ++e) {
-    matmul(x, ex.gate.matrix(e), bias_of(ex.gate_bias, e), gate);
-    matmul(x, ex.up.matrix(e), bias_of(ex.up_bias, e), up);
-    glu(gate, up, act, gate);
-    matmul(gate, ex.down.matrix(e), bias_of(ex.down_bias, e), y);
-    cuda::MoeCombineArgs c;
-    c.y = y.as<float>(), c.y_stride = n_embd;
-    c.ids = ids.as<int32_t>(), c.ids_stride = int64_t(ids.nb[1] / 4);
-    c.weights = weights.as<float>(), c.weights_stride = int64_t(weights.nb[1] / 4);
-    c.n_used = int(n_used), c.expert = int(e), c.accumulate = e > 0;
-    c.out = out.as<float>(), c.out_stride = stride_of(out, "moe_ffn", "out");
-    c.n_tokens = T, c.n = n_embd;
-    record(Sig(Op::MoeFfn).t(y).t(ids).t(weights).t(out).v(e).h, T,
-           [=](cudaStream_t s) { return cuda::moe_combine(c, s); }, "moe_ffn");
-  }
 }
 
 void CudaBackend::argmax(const Tensor& x, Tensor& out) {

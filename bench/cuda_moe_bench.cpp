@@ -1,0 +1,217 @@
+// MoE FFN kernel benchmark (a plain program, not a test): the routed kernels of
+// backend/cuda/moe.h on Qwen3-30B-A3B's expert shapes (128 experts of 2048 -> 768 -> 2048,
+// 8 used), random weights and random routing. Decode (indexed matvecs): the median of
+// graph replays of 20 calls, each call with its own routing so that the experts it reads
+// are mostly not in L2. Prefill (grouped GEMMs): the median of single calls.
+// Prints time, the bytes of the experts the call must read at least once / that time, and
+// TFLOP/s of the routed work.
+//
+//   bench_cuda_moe_bench [gate_up_type down_type]...   (default: q4_K q4_K  q4_K q6_K  q8_0 q8_0)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/moe.h"
+#include "core/half.h"
+#include "quant/types.h"
+
+namespace {
+
+using namespace kiln;
+using namespace kiln::cuda;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "bench: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+void check(const Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "bench: %s: %s\n", what, s.message().c_str());
+    std::exit(1);
+  }
+}
+
+constexpr int64_t kEmbd = 2048, kFf = 768, kExperts = 128, kUsed = 8;
+
+// Random quant bytes with finite scales of moderate size.
+std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937_64& rng) {
+  const TypeTraits& t = traits(type);
+  std::vector<uint8_t> w(size_t(rows * (cols / t.block_size) * t.type_size));
+  for (size_t i = 0; i + 8 <= w.size(); i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(&w[i], &r, 8);
+  }
+  std::vector<int> fields = {0};
+  if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) fields = {0, 2};
+  if (type == GgmlType::Q6_K) fields = {208};
+  std::uniform_real_distribution<float> u(-0.01f, 0.01f);
+  for (size_t b = 0; b < w.size() / t.type_size; ++b)
+    for (int off : fields) {
+      const uint16_t h = f32_to_f16(u(rng));
+      std::memcpy(&w[b * t.type_size + off], &h, 2);
+    }
+  return w;
+}
+
+void* device_copy(const void* host, size_t bytes) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, bytes + 256), "cudaMalloc");
+  check(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice), "upload");
+  return p;
+}
+
+std::vector<int32_t> random_ids(int64_t T, std::mt19937_64& rng) {
+  std::vector<int32_t> ids, order(kExperts);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int e = 0; e < kExperts; ++e) order[size_t(e)] = e;
+    std::shuffle(order.begin(), order.end(), rng);
+    ids.insert(ids.end(), order.begin(), order.begin() + kUsed);
+  }
+  return ids;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
+  const TypeTraits &tg = traits(gate_up), &td = traits(down);
+  const int64_t g_row = kEmbd / tg.block_size * tg.type_size, d_row = kFf / td.block_size * td.type_size;
+  MoeFfnArgs a;
+  a.gate.type = a.up.type = gate_up, a.down.type = down;
+  a.gate.row_bytes = a.up.row_bytes = g_row, a.down.row_bytes = d_row;
+  a.gate.expert_bytes = a.up.expert_bytes = g_row * kFf, a.down.expert_bytes = d_row * kEmbd;
+  a.gate.data = device_copy(random_weights(gate_up, kExperts * kFf, kEmbd, rng).data(), size_t(g_row * kFf * kExperts));
+  a.up.data = device_copy(random_weights(gate_up, kExperts * kFf, kEmbd, rng).data(), size_t(g_row * kFf * kExperts));
+  a.down.data = device_copy(random_weights(down, kExperts * kEmbd, kFf, rng).data(), size_t(d_row * kEmbd * kExperts));
+  a.n_embd = kEmbd, a.n_ff = kFf, a.n_expert = kExperts, a.n_used = kUsed;
+  const double expert_bytes = double(2 * g_row * kFf + d_row * kEmbd);
+
+  constexpr int64_t kMaxT = 512;
+  std::vector<float> x(size_t(kMaxT * kEmbd)), w(size_t(kMaxT * kUsed));
+  std::uniform_real_distribution<float> ux(-1.0f, 1.0f), uw(0.05f, 0.3f);
+  for (float& v : x) v = ux(rng);
+  for (float& v : w) v = uw(rng);
+  a.x = static_cast<float*>(device_copy(x.data(), x.size() * 4)), a.x_stride = kEmbd;
+  a.weights = static_cast<float*>(device_copy(w.data(), w.size() * 4)), a.weights_stride = kUsed;
+  float* out = nullptr;
+  check(cudaMalloc(&out, size_t(kMaxT * kEmbd) * 4), "cudaMalloc out");
+  a.out = out, a.out_stride = kEmbd, a.ids_stride = kUsed;
+  cudaStream_t s;
+  check(cudaStreamCreate(&s), "stream");
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  const std::string name = std::string(type_name(gate_up)) + "/" + std::string(type_name(down));
+
+  // Decode: T tokens, 20 routings in one graph.
+  for (const int64_t T : {int64_t(1), int64_t(4)}) {
+    a.n_tokens = T;
+    constexpr int kBatch = 20;
+    std::vector<const int32_t*> ids;
+    double touched = 0;
+    for (int i = 0; i < kBatch; ++i) {
+      const std::vector<int32_t> h = random_ids(T, rng);
+      touched += double(std::set<int32_t>(h.begin(), h.end()).size());
+      ids.push_back(static_cast<const int32_t*>(device_copy(h.data(), h.size() * 4)));
+    }
+    const size_t need = moe_matvec_scratch_bytes(a, false);
+    void* scratch = nullptr;
+    check(cudaMalloc(&scratch, need), "scratch");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+    for (int i = 0; i < kBatch; ++i) {
+      MoeFfnArgs b = a;
+      b.ids = ids[size_t(i)];
+      check(moe_ffn_matvec(b, false, scratch, need, s), "moe_ffn_matvec");
+    }
+    check(cudaStreamEndCapture(s, &graph), "end capture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(exec, s), "replay");
+    std::vector<float> ms;
+    for (int i = 0; i < 30; ++i) {
+      cudaEventRecord(e0, s);
+      check(cudaGraphLaunch(exec, s), "replay");
+      cudaEventRecord(e1, s);
+      check(cudaEventSynchronize(e1), "sync");
+      float t = 0;
+      cudaEventElapsedTime(&t, e0, e1);
+      ms.push_back(t);
+    }
+    const double us = median(ms) * 1000.0 / kBatch;
+    const double bytes = touched / kBatch * expert_bytes;
+    std::printf("%-10s decode T=%-3lld %8.1f us  %6.0f GB/s of %.1f MB routed experts (floor %.1f us at 4.2 TB/s)\n",
+                name.c_str(), (long long)T, us, bytes / us * 1e-3, bytes * 1e-6, bytes / 4.2e6);
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaFree(scratch);
+    for (const int32_t* p : ids) cudaFree(const_cast<int32_t*>(p));
+  }
+
+  // Prefill: T tokens, one call per sample; the default GEMMs and the ring variant.
+  for (const bool ring : {false, true})
+    for (const int64_t T : {int64_t(64), int64_t(512)}) {
+      a.n_tokens = T;
+      a.act_ring = ring;
+      const std::vector<int32_t> h = random_ids(T, rng);
+      const double touched = double(std::set<int32_t>(h.begin(), h.end()).size());
+      a.ids = static_cast<const int32_t*>(device_copy(h.data(), h.size() * 4));
+      const size_t need = moe_gemm_scratch_bytes(a);
+      void* scratch = nullptr;
+      check(cudaMalloc(&scratch, need), "scratch");
+      for (int i = 0; i < 3; ++i) check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
+      std::vector<float> ms;
+      for (int i = 0; i < 20; ++i) {
+        cudaEventRecord(e0, s);
+        check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
+        cudaEventRecord(e1, s);
+        check(cudaEventSynchronize(e1), "sync");
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        ms.push_back(t);
+      }
+      const double us = median(ms) * 1000.0;
+      const double flops = 2.0 * double(T * kUsed) * 3.0 * double(kEmbd * kFf);
+      const double bytes = touched * expert_bytes;
+      std::printf("%-10s prefill%s T=%-4lld %8.1f us  %6.1f TFLOP/s  %6.0f GB/s of %.0f MB experts (floors: %.1f us "
+                  "FLOP at 790 TFLOP/s, %.1f us bytes)\n",
+                  name.c_str(), ring ? " ring" : "     ", (long long)T, us, flops / us * 1e-6, bytes / us * 1e-3,
+                  bytes * 1e-6, flops / 790e6, bytes / 4.2e6);
+      cudaFree(scratch), cudaFree(const_cast<int32_t*>(a.ids));
+    }
+  a.act_ring = false;
+  cudaFree(const_cast<void*>(a.gate.data)), cudaFree(const_cast<void*>(a.up.data)),
+      cudaFree(const_cast<void*>(a.down.data));
+  cudaFree(const_cast<float*>(a.x)), cudaFree(const_cast<float*>(a.weights)), cudaFree(out);
+  cudaStreamDestroy(s);
+}
+
+GgmlType parse_type(const char* name) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::MXFP4})
+    if (type_name(t) == name) return t;
+  std::fprintf(stderr, "bench: unknown type %s (q4_K q6_K q5_K q8_0 q4_0 mxfp4)\n", name);
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::mt19937_64 rng(7);
+  if (argc >= 3) {
+    for (int i = 1; i + 1 < argc; i += 2) run(parse_type(argv[i]), parse_type(argv[i + 1]), rng);
+    return 0;
+  }
+  run(GgmlType::Q4_K, GgmlType::Q4_K, rng);
+  run(GgmlType::Q4_K, GgmlType::Q6_K, rng);
+  run(GgmlType::Q8_0, GgmlType::Q8_0, rng);
+  return 0;
+}

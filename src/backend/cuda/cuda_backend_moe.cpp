@@ -1,0 +1,144 @@
+// The CUDA backend's mixture-of-experts FFN: argument checks on the host, then the routed
+// kernels of moe.h (indexed matvecs for a few tokens and in exact mode, grouped GEMMs for
+// many), recorded like every other op so that decode passes replay as graphs.
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/ops_extra.h"
+
+namespace kiln {
+
+namespace {
+
+// Up to this many tokens the indexed matvecs run (int8 dot products, each pair's expert rows
+// read once); above, the grouped GEMMs (each expert's rows read once per 64 of its tokens).
+// On an H200 with Qwen3-30B-A3B's experts the matvecs cost ~16 us per token (63 us at T=4)
+// and the GEMMs ~0.9 ms whatever the batch (T=64 as T=512): they cross near T=50.
+constexpr int64_t kMoeMatvecMaxTokens = 32;
+
+void require_moe_f32(const Tensor& t, const char* what) {
+  KILN_CHECK(!t.empty(), "cuda moe_ffn: {} is missing", what);
+  KILN_CHECK(t.dtype == GgmlType::F32 && t.nb[0] == sizeof(float), "cuda moe_ffn: {} ({} {}) must be f32 with packed rows",
+             what, t.name, t.describe());
+  KILN_CHECK(t.device == Device::Cuda, "cuda moe_ffn: {} ({}) is not in device memory", what, t.name);
+}
+
+// Rows evenly spaced (dims 1..3 flatten to one stride): the stride in elements of 4 bytes.
+int64_t moe_row_stride(const Tensor& t, const char* what) {
+  const bool even = (t.ne[2] <= 1 || t.nb[2] == t.nb[1] * size_t(t.ne[1])) &&
+                    (t.ne[3] <= 1 || t.nb[3] == t.nb[2] * size_t(t.ne[2]));
+  KILN_CHECK(even && t.nb[1] % 4 == 0, "cuda moe_ffn: {} ({} {}) rows are not evenly spaced", what, t.name,
+             t.describe());
+  return int64_t(t.nb[1] / 4);
+}
+
+cuda::ExpertMatrix expert_matrix(const Tensor& w, const Tensor& bias, int64_t rows, int64_t n_expert,
+                                 const char* what) {
+  KILN_CHECK(w.device == Device::Cuda, "cuda moe_ffn: {} experts ({}) are not in device memory", what, w.name);
+  KILN_CHECK(w.ne[3] == 1, "cuda moe_ffn: {} experts ({} {}) must be 3-D", what, w.name, w.describe());
+  cuda::ExpertMatrix m;
+  m.type = w.dtype, m.data = w.data;
+  m.row_bytes = int64_t(w.nb[1]), m.expert_bytes = int64_t(w.nb[2]);
+  if (!bias.empty()) {
+    require_moe_f32(bias, what);
+    KILN_CHECK(bias.ne[0] == rows && bias.ne[1] == n_expert, "cuda moe_ffn: {} bias {} {} is not [{}, {}]", what,
+               bias.name, bias.describe(), rows, n_expert);
+    m.bias = bias.as<float>(), m.bias_stride = int64_t(bias.nb[1] / 4);
+  }
+  return m;
+}
+
+Tensor bias_of_expert(const Tensor& stacked, int64_t expert) {
+  if (stacked.empty()) return {};
+  return Tensor::contiguous(GgmlType::F32, {stacked.ne[0]}, stacked.row_ptr(expert), Device::Cuda, stacked.name);
+}
+
+}  // namespace
+
+void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor& ids, const Tensor& weights,
+                          const GluParams& act, Tensor& out) {
+  require_moe_f32(x, "x");
+  require_moe_f32(out, "out");
+  require_moe_f32(weights, "weights");
+  KILN_CHECK(x.data != out.data, "cuda moe_ffn: out must not alias x");
+  const int64_t n_embd = x.ne[0], T = x.rows(), n_used = ids.ne[0];
+  const int64_t n_expert = ex.gate.ne[2], n_ff = ex.gate.ne[1];
+  KILN_CHECK(ex.gate.ne[0] == n_embd && ex.up.ne[0] == n_embd && ex.up.ne[1] == n_ff && ex.up.ne[2] == n_expert &&
+                 ex.down.ne[0] == n_ff && ex.down.ne[1] == n_embd && ex.down.ne[2] == n_expert,
+             "cuda moe_ffn: experts gate {} up {} down {} do not fit rows of {}", ex.gate.describe(), ex.up.describe(),
+             ex.down.describe(), n_embd);
+  KILN_CHECK(ids.dtype == GgmlType::I32 && ids.device == Device::Cuda && ids.rows() == T && weights.ne[0] == n_used &&
+                 weights.rows() == T && out.ne[0] == n_embd && out.rows() == T,
+             "cuda moe_ffn: ids {} / weights {} / out {} do not fit {} tokens", ids.describe(), weights.describe(),
+             out.describe(), T);
+  if (ex.gate.dtype != ex.up.dtype || !cuda::moe_supports(ex.gate.dtype, ex.down.dtype))
+    return moe_ffn_all_experts(x, ex, ids, weights, act, out);
+
+  cuda::MoeFfnArgs a;
+  a.gate = expert_matrix(ex.gate, ex.gate_bias, n_ff, n_expert, "gate");
+  a.up = expert_matrix(ex.up, ex.up_bias, n_ff, n_expert, "up");
+  a.down = expert_matrix(ex.down, ex.down_bias, n_embd, n_expert, "down");
+  a.n_embd = n_embd, a.n_ff = n_ff, a.n_expert = n_expert, a.n_used = n_used, a.n_tokens = T;
+  a.x = x.as<float>(), a.x_stride = moe_row_stride(x, "x");
+  a.ids = ids.as<int32_t>(), a.ids_stride = moe_row_stride(ids, "ids");
+  a.weights = weights.as<float>(), a.weights_stride = moe_row_stride(weights, "weights");
+  a.out = out.as<float>(), a.out_stride = moe_row_stride(out, "out");
+  a.act = act.act == Activation::Silu ? cuda::GluKind::Silu
+          : act.act == Activation::GeluTanh ? cuda::GluKind::GeluTanh : cuda::GluKind::SwigluOai;
+  a.alpha = act.alpha, a.limit = act.limit;
+
+  const bool exact = options_.exact;
+  // f32 experts (test models) keep f32 products at every batch size, as the dense f32 path does.
+  const bool f32_experts = ex.gate.dtype == GgmlType::F32 || ex.down.dtype == GgmlType::F32;
+  const bool grouped = !exact && !f32_experts && T > kMoeMatvecMaxTokens && cuda::moe_gemm_fits(a);
+  // KILN_MOE_ACT_RING=1: the grouped GEMMs' ring variant (moe.h), for A/B measurements.
+  const char* ring = std::getenv("KILN_MOE_ACT_RING");
+  a.act_ring = grouped && ring && std::strcmp(ring, "1") == 0;
+  const size_t need = grouped ? cuda::moe_gemm_scratch_bytes(a) : cuda::moe_matvec_scratch_bytes(a, exact);
+  void* sp = scratch(moe_scratch_, need);
+  cuda::SignatureHash sig;
+  sig.pod(Op::MoeFfn);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &ex.gate, &ex.up, &ex.down, &ex.gate_bias, &ex.up_bias, &ex.down_bias, &ids, &weights, &out}) {
+    sig.pod(t->dtype), sig.pod(t->data), sig.bytes(t->ne, sizeof(t->ne)), sig.bytes(t->nb, sizeof(t->nb));
+  }
+  sig.pod(act.act), sig.pod(act.alpha), sig.pod(act.limit), sig.pod(sp), sig.pod(grouped), sig.pod(a.act_ring);
+  if (grouped)
+    record(sig, T, [=](cudaStream_t s) { return cuda::moe_ffn_gemm(a, sp, need, s); }, "moe_ffn");
+  else
+    record(sig, T, [=](cudaStream_t s) { return cuda::moe_ffn_matvec(a, exact, sp, need, s); }, "moe_ffn");
+}
+
+// Every expert runs on every token (dense), and the combine keeps each token's routed
+// experts with their weights: n_expert / n_used times the routed cost, kept for expert
+// types the routed kernels refuse.
+void CudaBackend::moe_ffn_all_experts(const Tensor& x, const ExpertWeights& ex, const Tensor& ids,
+                                      const Tensor& weights, const GluParams& act, Tensor& out) {
+  const int64_t n_embd = x.ne[0], T = x.rows(), n_used = ids.ne[0];
+  const int64_t n_expert = ex.gate.ne[2], n_ff = ex.gate.ne[1];
+  const size_t floats = size_t(2 * n_ff + n_embd) * size_t(T);
+  auto* base = static_cast<float*>(scratch(moe_scratch_, floats * sizeof(float)));
+  Tensor gate = Tensor::contiguous(GgmlType::F32, {n_ff, T}, base, Device::Cuda, "moe_gate");
+  Tensor up = Tensor::contiguous(GgmlType::F32, {n_ff, T}, base + n_ff * T, Device::Cuda, "moe_up");
+  Tensor y = Tensor::contiguous(GgmlType::F32, {n_embd, T}, base + 2 * n_ff * T, Device::Cuda, "moe_y");
+  for (int64_t e = 0; e < n_expert; ++e) {
+    matmul(x, ex.gate.matrix(e), bias_of_expert(ex.gate_bias, e), gate);
+    matmul(x, ex.up.matrix(e), bias_of_expert(ex.up_bias, e), up);
+    glu(gate, up, act, gate);
+    matmul(gate, ex.down.matrix(e), bias_of_expert(ex.down_bias, e), y);
+    cuda::MoeCombineArgs c;
+    c.y = y.as<float>(), c.y_stride = n_embd;
+    c.ids = ids.as<int32_t>(), c.ids_stride = int64_t(ids.nb[1] / 4);
+    c.weights = weights.as<float>(), c.weights_stride = int64_t(weights.nb[1] / 4);
+    c.n_used = int(n_used), c.expert = int(e), c.accumulate = e > 0;
+    c.out = out.as<float>(), c.out_stride = moe_row_stride(out, "out");
+    c.n_tokens = T, c.n = n_embd;
+    cuda::SignatureHash sig;
+    sig.pod(Op::MoeFfn), sig.pod(y.data), sig.pod(ids.data), sig.pod(weights.data), sig.pod(out.data), sig.pod(e);
+    record(sig, T, [=](cudaStream_t s) { return cuda::moe_combine(c, s); }, "moe_ffn");
+  }
+}
+
+}  // namespace kiln

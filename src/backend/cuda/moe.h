@@ -1,0 +1,82 @@
+#pragma once
+// Mixture-of-experts FFN on the device, running only the routed experts:
+//
+//   out[t] = sum_j weights[t][j] * FFN_{ids[t][j]}(x[t])
+//   FFN_e(x) = down_e · glu(gate_e · x + gate_bias_e, up_e · x + up_bias_e) + down_bias_e
+//
+// A (token t, slot j) pair is p = t * n_used + j. Expert ids are read on the device only,
+// so every launch here is the same from step to step and a decode pass can be captured in
+// a CUDA graph and replayed; an id outside [0, n_expert) makes that token's output NaN
+// (never a silent wrong value).
+//
+// Two ways to run it:
+//   - indexed matvecs (moe_matvec.cu), for a few tokens: one launch computes gate and up of
+//     every pair and applies the GLU, one launch computes down for every token, weighting
+//     and summing its slots in a fixed order. With quantized weights the activations are
+//     quantized to int8 in blocks of 32 first (as matvec.h; one launch each for x and for
+//     the GLU output); `exact` instead decodes the weights to f32 and keeps activations in
+//     f32 (results follow an f32 reference to ~1e-6 relative).
+//   - grouped GEMMs (moe_gemm.cu), for many tokens: the pairs are sorted by expert on the
+//     device, then one tensor-core launch covers gate/up (+GLU) of all experts and one
+//     covers down; a last launch weights and sums each token's slots in a fixed order.
+//     Operands are bf16 (weights dequantized tile by tile, activations rounded), f32
+//     accumulation: |error| <= ~2^-8 * sum |w x| per product, as gemm.h. (The backend keeps
+//     f32 experts, which only test models have, on the f32 matvecs at every batch size.)
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/ops.h"
+#include "backend/cuda/status.h"
+#include "quant/types.h"
+
+namespace kiln::cuda {
+
+// One stacked expert matrix: n_expert matrices of `rows` rows, row r of expert e at
+// (uint8_t*)data + e * expert_bytes + r * row_bytes; optional f32 bias per expert.
+struct ExpertMatrix {
+  GgmlType type = GgmlType::F32;
+  const void* data = nullptr;
+  int64_t row_bytes = 0, expert_bytes = 0;
+  const float* bias = nullptr;  // [n_expert][rows] at bias + e * bias_stride, or null
+  int64_t bias_stride = 0;
+};
+
+struct MoeFfnArgs {
+  ExpertMatrix gate, up;   // n_ff rows of n_embd (gate and up of one type)
+  ExpertMatrix down;       // n_embd rows of n_ff
+  int64_t n_embd = 0, n_ff = 0, n_expert = 0, n_used = 0, n_tokens = 0;
+  const float* x = nullptr;  // [n_tokens][n_embd], row stride x_stride floats
+  int64_t x_stride = 0;
+  const int32_t* ids = nullptr;  // [n_tokens][n_used], row stride ids_stride
+  int64_t ids_stride = 0;
+  const float* weights = nullptr;  // [n_tokens][n_used], row stride weights_stride
+  int64_t weights_stride = 0;
+  float* out = nullptr;  // [n_tokens][n_embd], row stride out_stride; must not alias x
+  int64_t out_stride = 0;
+  GluKind act = GluKind::Silu;
+  float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
+  // Grouped GEMMs only, under evaluation: copy the activation tiles several steps ahead
+  // (x rounded to bf16 at the sorted positions by one more launch) instead of one step
+  // ahead into registers. Same values either way.
+  bool act_ring = false;
+};
+
+// Whether the device kernels take these weight types (f32 f16 bf16 and every type the block
+// decoders know; gate and up must share one type).
+bool moe_supports(GgmlType gate_up, GgmlType down);
+
+// ---- indexed matvecs (decode) ----
+size_t moe_matvec_scratch_bytes(const MoeFfnArgs& args, bool exact);
+Status moe_ffn_matvec(const MoeFfnArgs& args, bool exact, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+// ---- grouped GEMMs (prefill) ----
+// Whether the grouped GEMM takes this problem (n_embd and n_ff multiples of 32, at most
+// kMoeGemmMaxExperts experts); otherwise use the matvecs.
+constexpr int64_t kMoeGemmMaxExperts = 4096;
+bool moe_gemm_fits(const MoeFfnArgs& args);
+size_t moe_gemm_scratch_bytes(const MoeFfnArgs& args);
+Status moe_ffn_gemm(const MoeFfnArgs& args, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+}  // namespace kiln::cuda

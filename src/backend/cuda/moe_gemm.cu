@@ -1,0 +1,610 @@
+// MoE for many tokens: grouped expert GEMMs on the tensor cores (see moe.h).
+//
+//   1. sort: one block counts the (token, slot) pairs per expert, lays the experts' lists
+//      end to end (sorted position -> pair, pair -> sorted position) and cuts each list into
+//      tiles of kTileTokens (expert, first position, count). The order of pairs inside one
+//      expert's list is whatever the atomics give, but every pair's results are computed
+//      and stored on their own, so the output does not depend on it.
+//   2. gate/up + GLU: one launch; block (x, y) takes rows x*64.. of gate and of up of tile
+//      y's expert (blocks past the last tile leave at once: the grid is sized for the worst
+//      case, so nothing is read back to the host) and its tokens, over K = n_embd: the raw
+//      weight bytes of 256 columns (one K-quant super-block, 8 blocks of 32) per row are
+//      copied into shared memory with 16-byte asynchronous copies one chunk ahead, then
+//      decoded 32 columns at a time into a bf16 tile; activations are gathered by token
+//      and rounded to bf16 (fetched one step ahead); bf16 WMMA with f32 accumulators; the
+//      epilogue applies the GLU and stores h (bf16) at the pairs' sorted positions.
+//   3. down: one launch over (row tiles of n_embd, tiles), K = n_ff, h as the bf16 operand;
+//      stores y (f32, bias added) at the sorted positions.
+//   4. combine: out[t] = sum_j weights[t][j] * y[pos(t, j)], slots in order.
+#include <mma.h>
+
+#include <string>
+
+#include "backend/cuda/moe.h"
+#include "backend/cuda/moe_kernels.cuh"
+
+namespace kiln::cuda {
+namespace detail {
+
+constexpr int kTileTokens = 64;   // tokens (sorted pairs) per tile
+constexpr int kTileK = 32;        // K step
+constexpr int kLdK = kTileK + 8;  // bf16 per shared row (pads off bank conflicts; a multiple of 8)
+constexpr int kGemmThreads = 256; // 8 warps: 4 along the rows x 2 along the tokens, 32 x 32 each
+constexpr int kTileRows = 128;    // weight rows per block (gate/up: 64 of gate + the same 64 of up)
+constexpr int kLdC = kTileRows + 4;
+
+using Bf16 = __nv_bfloat16;
+
+struct MoeTile {
+  int expert, start, count, pad;
+};
+
+struct Routing {
+  int32_t* n_tiles;      // [0]: tiles, [1]: pairs with a valid expert (sorted positions in use)
+  MoeTile* tiles;
+  int32_t* sorted_pair;  // [P]
+  int32_t* pos_of_pair;  // [P], -1 for an id out of range
+};
+
+__device__ __forceinline__ int routed_expert(const MoeFfnArgs& a, int64_t p) {
+  const int e = a.ids[(p / a.n_used) * a.ids_stride + p % a.n_used];
+  return e >= 0 && e < a.n_expert ? e : -1;
+}
+
+// One block; shared memory: two ints per expert.
+__global__ void __launch_bounds__(1024) moe_sort_kernel(MoeFfnArgs a, Routing r) {
+  extern __shared__ int counts[];
+  int* cursor = counts + a.n_expert;
+  const int64_t P = a.n_tokens * a.n_used;
+  for (int64_t e = threadIdx.x; e < a.n_expert; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = routed_expert(a, p);
+    if (e >= 0) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int offset = 0, n = 0;
+    for (int e = 0; e < a.n_expert; ++e) {
+      cursor[e] = offset;
+      for (int s = 0; s < counts[e]; s += kTileTokens) r.tiles[n++] = MoeTile{e, offset + s, min(kTileTokens, counts[e] - s), 0};
+      offset += counts[e];
+    }
+    r.n_tiles[0] = n;
+    r.n_tiles[1] = offset;
+  }
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = routed_expert(a, p);
+    int pos = -1;
+    if (e >= 0) {
+      pos = atomicAdd(&cursor[e], 1);
+      r.sorted_pair[pos] = int32_t(p);
+    }
+    r.pos_of_pair[p] = pos;
+  }
+}
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
+  uint4 u;
+  uint32_t* w = reinterpret_cast<uint32_t*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    w[i] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  return u;
+}
+
+__device__ __forceinline__ const uint8_t* matrix_row(const ExpertMatrix& m, int expert, int64_t row) {
+  return static_cast<const uint8_t*>(m.data) + int64_t(expert) * m.expert_bytes + row * m.row_bytes;
+}
+
+// ---- the tile engine ---------------------------------------------------------------------
+// Raw weight bytes travel in chunks of kK columns (one K-quant super-block, or 8 blocks of
+// 32) per row, copied with 16-byte asynchronous copies one chunk ahead; each chunk is then
+// decoded 32 columns at a time from shared memory into the bf16 A tile.
+
+template <typename W>
+struct RawChunk {
+  static constexpr int kK = IsPlain<W>::value ? (W::kBytes == 4 ? 64 : 128) : 256;
+  static constexpr int kBytes = IsPlain<W>::value ? kK * W::kBytes : kK / W::kElems * W::kBytes;
+  // The chunk's bytes behind up to 15 bytes of misalignment, in whole 16-byte pieces.
+  static constexpr int kPitch = (kBytes + 15 + 15) / 16 * 16;
+  static constexpr int kPieces = kPitch / 16;
+};
+
+// Activation tiles in flight in the ring variant: each is copied kActRing - 1 steps ahead.
+constexpr int kActRing = 4;
+
+// Dynamic shared memory: [2 raw stages][A tile][B tile, or kActRing of them]; the f32
+// results alias the stages.
+template <typename W, bool kRing = false>
+struct GemmLayout {
+  static constexpr int kStageBytes = kTileRows * RawChunk<W>::kPitch;
+  static constexpr int kCBytes = kTileTokens * kLdC * 4;
+  static constexpr int kRawBytes = 2 * kStageBytes > kCBytes ? 2 * kStageBytes : kCBytes;
+  static constexpr int kABytes = kTileRows * kLdK * 2;
+  static constexpr int kBSlotBytes = kTileTokens * kLdK * 2;
+  static constexpr int kBBytes = kBSlotBytes * (kRing ? kActRing : 1);
+  static constexpr int kTotal = kRawBytes + kABytes + kBBytes;
+};
+
+// Elements e0 .. e0+7 of a chunk row staged at `row` (its first byte, misalignment skipped).
+template <typename W>
+__device__ __forceinline__ void decode8_staged(const uint8_t* row, int e0, float* v) {
+  if constexpr (IsPlain<W>::value) {
+    if constexpr (W::kBytes == 4) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = reinterpret_cast<const float*>(row)[e0 + i];
+    } else {
+      const unsigned short* e = reinterpret_cast<const unsigned short*>(row) + e0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = W::kBf16 ? bf16_to_float(e[i]) : half_to_float(e[i]);
+    }
+  } else {
+    W::decode8(row + (e0 / W::kElems) * W::kBytes, (e0 % W::kElems) / 8, v);
+  }
+}
+
+using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+// The block's 128 x 64 product over one K step of 32 from the staged tiles (A: row-major
+// (row, k); B: (token, k), i.e. column-major K x N); acc[i][j] is the warp's 16 x 16 piece
+// at rows 32*wm + 16*i, tokens 32*wn + 16*j.
+__device__ __forceinline__ void mma_step(const Bf16* a_tile, const Bf16* b_tile, AccFrag (&acc)[2][2]) {
+  using namespace nvcuda;
+  const int warp = threadIdx.x / kWarpSize, wm = warp % 4, wn = warp / 4;
+#pragma unroll
+  for (int kk = 0; kk < kTileK; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> fa[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> fb[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], a_tile + (32 * wm + 16 * i) * kLdK + kk, kLdK);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], b_tile + (32 * wn + 16 * j) * kLdK + kk, kLdK);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+  }
+}
+
+// Results as c[token * kLdC + row].
+__device__ __forceinline__ void store_acc(float* c, AccFrag (&acc)[2][2]) {
+  using namespace nvcuda;
+  const int warp = threadIdx.x / kWarpSize, wm = warp % 4, wn = warp / 4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(c + (32 * wn + 16 * j) * kLdC + 32 * wm + 16 * i, acc[i][j], kLdC, wmma::mem_col_major);
+}
+
+__device__ __forceinline__ void zero_acc(AccFrag (&acc)[2][2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+}
+
+// One block's product of kTileRows weight rows (row_of(i): its bytes, or null past the end)
+// with kTileTokens activation rows over K columns, into acc. The activations come from
+// `Act`: load(sub) fetches this thread's share of sub-step `sub` (32 columns) into
+// registers, store() puts it into the B tile.
+template <typename W, typename Act>
+__device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* rows, int64_t K, Act& act,
+                                          AccFrag (&acc)[2][2]) {
+  using C = RawChunk<W>;
+  using L = GemmLayout<W>;
+  uint8_t* raw = smem;
+  uint16_t* a_tile = reinterpret_cast<uint16_t*>(smem + L::kRawBytes);
+  uint16_t* b_tile = reinterpret_cast<uint16_t*>(smem + L::kRawBytes + L::kABytes);
+  const int tid = threadIdx.x;
+  const int64_t n_chunks = (K + C::kK - 1) / C::kK;
+
+  auto chunk_bytes = [&](int64_t c) {
+    const int64_t cols = min64(C::kK, K - c * C::kK);
+    return IsPlain<W>::value ? int(cols) * W::kBytes : int(cols / W::kElems) * W::kBytes;
+  };
+  auto chunk_src = [&](int r, int64_t c) {  // first byte of chunk c of tile row r
+    return rows[r] + c * (IsPlain<W>::value ? int64_t(C::kK) * W::kBytes : int64_t(C::kK / W::kElems) * W::kBytes);
+  };
+  auto issue = [&](int64_t c) {
+    if (c < n_chunks) {
+      const int bytes = chunk_bytes(c);
+      uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
+      for (int i = tid; i < kTileRows * C::kPieces; i += kGemmThreads) {
+        const int r = i / C::kPieces, piece = i % C::kPieces;
+        if (!rows[r]) continue;
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(chunk_src(r, c));
+        if (piece * 16 >= int(addr & 15) + bytes) continue;
+        cp_async_16_stream(stage + r * C::kPitch + 16 * piece,
+                           reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
+      }
+    }
+    cp_async_commit();
+  };
+
+  // This thread decodes rows a_row and a_row + 64, 8 columns at a_col of each sub-step.
+  const int a_row = tid / 4, a_col = (tid % 4) * 8;
+  issue(0);
+  act.load(0);
+  int64_t sub = 0;
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    issue(c + 1);
+    cp_async_wait<1>();
+    __syncthreads();  // chunk c is in shared memory for every thread
+    const uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
+    const int subs = int(min64(C::kK, K - c * C::kK) / kTileK);
+    for (int s = 0; s < subs; ++s, ++sub) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = a_row + 64 * half;
+        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (rows[r]) {
+          const int head = int(reinterpret_cast<uintptr_t>(chunk_src(r, c)) & 15);
+          decode8_staged<W>(stage + r * C::kPitch + head, s * kTileK + a_col, v);
+        }
+        *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
+      }
+      act.store(b_tile);
+      if ((sub + 1) * kTileK < K) act.load(sub + 1);
+      __syncthreads();
+      mma_step(reinterpret_cast<const Bf16*>(a_tile), reinterpret_cast<const Bf16*>(b_tile), acc);
+      __syncthreads();
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// 16 bytes global -> shared, or 16 zero bytes (nothing read) when `valid` is false.
+__device__ __forceinline__ void cp_async_16_or_zero(void* shared_dst, const void* global_src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global_src), "r"(bytes) : "memory");
+}
+
+// Ring-variant activations: bf16 rows at the tile's sorted positions (x gathered by
+// moe_gather_x_kernel, or h), `width` columns each. Thread -> token tid / 4, 8 columns at
+// (tid % 4) * 8; tokens past the tile's count are zero.
+struct SortedRows {
+  const Bf16* first;  // the row of the tile's first position
+  int64_t width;
+  int count;
+  __device__ void issue(int64_t sub, uint16_t* slot) const {
+    const int tok = threadIdx.x / 4, col = (threadIdx.x % 4) * 8;
+    const bool valid = tok < count;
+    const Bf16* src = first + (valid ? int64_t(tok) * width : 0) + sub * kTileK + col;
+    cp_async_16_or_zero(slot + tok * kLdK + col, src, valid);
+  }
+};
+
+// gemm_tile with the activation tiles copied kActRing - 1 steps ahead by cp.async (v2 loads
+// them one step ahead into registers). Every step commits one group (the next activation
+// tile, and at a chunk's first step the next weight chunk), so "the activations of step s
+// have landed" is "at most kActRing - 2 groups pending". Per step: wait, barrier, issue,
+// decode A, barrier, MMA.
+template <typename W>
+__device__ __forceinline__ void gemm_tile_ring(uint8_t* smem, const uint8_t* const* rows, int64_t K,
+                                               const SortedRows& act, AccFrag (&acc)[2][2]) {
+  using C = RawChunk<W>;
+  using L = GemmLayout<W, true>;
+  constexpr int kChunkSteps = C::kK / kTileK;
+  // A weight chunk must land before its first step: issued kChunkSteps steps earlier, it is
+  // among the groups the wait covers when kChunkSteps >= kActRing - 1; otherwise wait for all.
+  constexpr bool kWaitAllAtChunk = kChunkSteps < kActRing - 1;
+  uint8_t* raw = smem;
+  uint16_t* a_tile = reinterpret_cast<uint16_t*>(smem + L::kRawBytes);
+  uint16_t* b_ring = reinterpret_cast<uint16_t*>(smem + L::kRawBytes + L::kABytes);
+  auto slot = [&](int64_t step) { return b_ring + int(step % kActRing) * (kTileTokens * kLdK); };
+  const int tid = threadIdx.x;
+  const int64_t n_chunks = (K + C::kK - 1) / C::kK, n_steps = K / kTileK;
+  constexpr int64_t kChunkStride = IsPlain<W>::value ? int64_t(C::kK) * W::kBytes : int64_t(C::kK / W::kElems) * W::kBytes;
+
+  auto issue_chunk = [&](int64_t c) {
+    if (c >= n_chunks) return;
+    const int64_t cols = min64(C::kK, K - c * C::kK);
+    const int bytes = IsPlain<W>::value ? int(cols) * W::kBytes : int(cols / W::kElems) * W::kBytes;
+    uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
+    for (int i = tid; i < kTileRows * C::kPieces; i += kGemmThreads) {
+      const int r = i / C::kPieces, piece = i % C::kPieces;
+      if (!rows[r]) continue;
+      const uintptr_t addr = reinterpret_cast<uintptr_t>(rows[r] + c * kChunkStride);
+      if (piece * 16 >= int(addr & 15) + bytes) continue;
+      cp_async_16_stream(stage + r * C::kPitch + 16 * piece,
+                         reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
+    }
+  };
+
+  issue_chunk(0);
+  cp_async_commit();
+  for (int64_t k = 0; k < kActRing - 1; ++k) {
+    if (k < n_steps) act.issue(k, slot(k));
+    cp_async_commit();
+  }
+  const int a_row = tid / 4, a_col = (tid % 4) * 8;
+  for (int64_t step = 0; step < n_steps; ++step) {
+    const int64_t c = step / kChunkSteps;
+    const int in_chunk = int(step % kChunkSteps);
+    if (kWaitAllAtChunk && in_chunk == 0)
+      cp_async_wait<0>();
+    else
+      cp_async_wait<kActRing - 2>();
+    __syncthreads();  // this step's weights and activations are in shared memory for all
+    if (in_chunk == 0) issue_chunk(c + 1);
+    if (step + kActRing - 1 < n_steps) act.issue(step + kActRing - 1, slot(step + kActRing - 1));
+    cp_async_commit();
+    const uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = a_row + 64 * half;
+      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (rows[r]) {
+        const int head = int(reinterpret_cast<uintptr_t>(rows[r] + c * kChunkStride) & 15);
+        decode8_staged<W>(stage + r * C::kPitch + head, in_chunk * kTileK + a_col, v);
+      }
+      *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
+    }
+    __syncthreads();
+    mma_step(reinterpret_cast<const Bf16*>(a_tile), reinterpret_cast<const Bf16*>(slot(step)), acc);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the results alias the stages
+}
+
+// Ring variant, gate/up: x rounded to bf16 once per sorted position (the same rounding as
+// GatheredX, so both variants compute the same values).
+__global__ void __launch_bounds__(256) moe_gather_x_kernel(MoeFfnArgs a, Routing rt, Bf16* xs) {
+  const int64_t pos = blockIdx.x;
+  if (pos >= rt.n_tiles[1]) return;
+  const float* src = a.x + int64_t(rt.sorted_pair[pos] / a.n_used) * a.x_stride;
+  Bf16* dst = xs + pos * a.n_embd;
+  for (int64_t i = threadIdx.x; i < a.n_embd; i += blockDim.x) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+// Activations of gate/up: f32 rows of x gathered by token, rounded to bf16. Thread ->
+// tokens tid / 8 and tid / 8 + 32, 4 columns at (tid % 8) * 4.
+struct GatheredX {
+  const float* rows[2];
+  bool vector;
+  float4 v[2];
+  __device__ void load(int64_t sub) {
+    const int col = (threadIdx.x % 8) * 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      v[i] = make_float4(0, 0, 0, 0);
+      if (rows[i]) {
+        const float* src = rows[i] + sub * kTileK + col;
+        v[i] = vector ? __ldg(reinterpret_cast<const float4*>(src)) : make_float4(src[0], src[1], src[2], src[3]);
+      }
+    }
+  }
+  __device__ void store(uint16_t* b_tile) const {
+    const int tok = threadIdx.x / 8, col = (threadIdx.x % 8) * 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[i].x, v[i].y), hi = __floats2bfloat162_rn(v[i].z, v[i].w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(b_tile + (tok + 32 * i) * kLdK + col) = packed;
+    }
+  }
+};
+
+// Activations of down: h (bf16) at the tile's sorted positions. Thread -> token tid / 4,
+// 8 columns at (tid % 4) * 8.
+struct SortedH {
+  const Bf16* row;
+  uint4 v;
+  __device__ void load(int64_t sub) {
+    v = row ? __ldg(reinterpret_cast<const uint4*>(row + sub * kTileK + (threadIdx.x % 4) * 8)) : make_uint4(0, 0, 0, 0);
+  }
+  __device__ void store(uint16_t* b_tile) const {
+    *reinterpret_cast<uint4*>(b_tile + (threadIdx.x / 4) * kLdK + (threadIdx.x % 4) * 8) = v;
+  }
+};
+
+// Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert. xs: the
+// ring variant's bf16 x at the sorted positions.
+template <typename W, bool kRing>
+__global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* xs,
+                                                                        Bf16* h) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ const uint8_t* rows[kTileRows];
+  if (int(blockIdx.y) >= rt.n_tiles[0]) return;
+  const MoeTile tile = rt.tiles[blockIdx.y];
+  const int64_t row0 = int64_t(blockIdx.x) * (kTileRows / 2);
+  const int tid = threadIdx.x;
+  if (tid < kTileRows) {
+    const int64_t row = row0 + tid % 64;
+    rows[tid] = row < a.n_ff ? matrix_row(tid < 64 ? a.gate : a.up, tile.expert, row) : nullptr;
+  }
+  AccFrag acc[2][2];
+  zero_acc(acc);
+  if constexpr (kRing) {
+    __syncthreads();
+    gemm_tile_ring<W>(smem, rows, a.n_embd, SortedRows{xs + int64_t(tile.start) * a.n_embd, a.n_embd, tile.count},
+                      acc);
+  } else {
+    GatheredX act;
+    act.vector = a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int n = tid / 8 + 32 * i;
+      act.rows[i] = n < tile.count ? a.x + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.x_stride : nullptr;
+    }
+    __syncthreads();
+    gemm_tile<W>(smem, rows, a.n_embd, act, acc);
+  }
+  float* c = reinterpret_cast<float*>(smem);
+  store_acc(c, acc);
+  __syncthreads();
+  for (int idx = tid; idx < kTileTokens * 64; idx += kGemmThreads) {
+    const int n = idx / 64, r = idx % 64;
+    const int64_t row = row0 + r;
+    if (n >= tile.count || row >= a.n_ff) continue;
+    float g = c[n * kLdC + r], u = c[n * kLdC + r + 64];
+    if (a.gate.bias) g += a.gate.bias[int64_t(tile.expert) * a.gate.bias_stride + row];
+    if (a.up.bias) u += a.up.bias[int64_t(tile.expert) * a.up.bias_stride + row];
+    h[int64_t(tile.start + n) * a.n_ff + row] = __float2bfloat16_rn(moe_glu(a.act, g, u, a.alpha, a.limit));
+  }
+}
+
+// Rows x*128 .. of down of the tile's expert; y (f32, bias added) at the sorted positions.
+template <typename W, bool kRing>
+__global__ void __launch_bounds__(kGemmThreads) moe_down_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* h,
+                                                                     float* y) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ const uint8_t* rows[kTileRows];
+  if (int(blockIdx.y) >= rt.n_tiles[0]) return;
+  const MoeTile tile = rt.tiles[blockIdx.y];
+  const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
+  const int tid = threadIdx.x;
+  if (tid < kTileRows) rows[tid] = row0 + tid < a.n_embd ? matrix_row(a.down, tile.expert, row0 + tid) : nullptr;
+  __syncthreads();
+  AccFrag acc[2][2];
+  zero_acc(acc);
+  if constexpr (kRing) {
+    gemm_tile_ring<W>(smem, rows, a.n_ff, SortedRows{h + int64_t(tile.start) * a.n_ff, a.n_ff, tile.count}, acc);
+  } else {
+    SortedH act;
+    act.row = tid / 4 < tile.count ? h + int64_t(tile.start + tid / 4) * a.n_ff : nullptr;
+    gemm_tile<W>(smem, rows, a.n_ff, act, acc);
+  }
+  float* c = reinterpret_cast<float*>(smem);
+  store_acc(c, acc);
+  __syncthreads();
+  for (int idx = tid; idx < kTileTokens * kTileRows; idx += kGemmThreads) {
+    const int n = idx / kTileRows, r = idx % kTileRows;
+    const int64_t row = row0 + r;
+    if (n >= tile.count || row >= a.n_embd) continue;
+    float v = c[n * kLdC + r];
+    if (a.down.bias) v += a.down.bias[int64_t(tile.expert) * a.down.bias_stride + row];
+    y[int64_t(tile.start + n) * a.n_embd + row] = v;
+  }
+}
+
+// out[t][i] = sum_j weights[t][j] * y[pos(t, j)][i]; grid (ceil(n_embd / 256), tokens).
+__global__ void __launch_bounds__(256) moe_combine_sorted_kernel(MoeFfnArgs a, const int32_t* pos_of_pair,
+                                                                 const float* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
+  if (i >= a.n_embd) return;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < a.n_used; ++j) {
+    const int pos = pos_of_pair[t * a.n_used + j];
+    const float v = pos < 0 ? moe_nan() : y[int64_t(pos) * a.n_embd + i];
+    sum = fmaf(a.weights[t * a.weights_stride + j], v, sum);
+  }
+  a.out[t * a.out_stride + i] = sum;
+}
+
+// ---- host side -------------------------------------------------------------------------------
+
+constexpr size_t kGemmAlign = 256;
+size_t gemm_align(size_t v) { return (v + kGemmAlign - 1) / kGemmAlign * kGemmAlign; }
+
+int64_t max_tiles(const MoeFfnArgs& a) { return (a.n_tokens * a.n_used + kTileTokens - 1) / kTileTokens + a.n_expert; }
+
+struct GemmScratch {
+  size_t n_tiles = 0, tiles = 0, sorted = 0, pos = 0, h = 0, y = 0, xs = 0, total = 0;
+};
+
+GemmScratch plan_gemm_scratch(const MoeFfnArgs& a) {
+  GemmScratch s;
+  const size_t P = size_t(a.n_tokens * a.n_used);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t start = at;
+    at += gemm_align(bytes);
+    return start;
+  };
+  s.n_tiles = take(2 * sizeof(int32_t));
+  s.tiles = take(size_t(max_tiles(a)) * sizeof(MoeTile));
+  s.sorted = take(P * sizeof(int32_t));
+  s.pos = take(P * sizeof(int32_t));
+  s.h = take(P * size_t(a.n_ff) * sizeof(Bf16));
+  s.y = take(P * size_t(a.n_embd) * sizeof(float));
+  if (a.act_ring) s.xs = take(P * size_t(a.n_embd) * sizeof(Bf16));
+  s.total = at;
+  return s;
+}
+
+}  // namespace detail
+
+bool moe_gemm_fits(const MoeFfnArgs& a) {
+  return moe_supports(a.gate.type, a.down.type) && a.gate.type == a.up.type && a.n_embd % detail::kTileK == 0 &&
+         a.n_ff % detail::kTileK == 0 && a.n_expert > 0 && a.n_expert <= kMoeGemmMaxExperts && a.n_tokens > 0 &&
+         a.n_tokens <= 65535 && a.n_used > 0 && detail::max_tiles(a) <= 65535 &&
+         (a.n_ff + 63) / 64 <= 65535;
+}
+
+size_t moe_gemm_scratch_bytes(const MoeFfnArgs& a) { return detail::plan_gemm_scratch(a).total; }
+
+Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  using namespace detail;
+  if (!moe_gemm_fits(a))
+    return Status::invalid("moe_ffn grouped GEMM: n_embd " + std::to_string(a.n_embd) + " and n_ff " +
+                           std::to_string(a.n_ff) + " must be multiples of 32, gate and up of one supported type (" +
+                           std::string(type_name(a.gate.type)) + " / " + std::string(type_name(a.up.type)) +
+                           "), at most " + std::to_string(kMoeGemmMaxExperts) + " experts");
+  const GemmScratch s = plan_gemm_scratch(a);
+  if (!scratch || scratch_bytes < s.total || reinterpret_cast<uintptr_t>(scratch) % kGemmAlign != 0)
+    return Status::invalid("moe_ffn grouped GEMM: needs " + std::to_string(s.total) +
+                           " bytes of 256-byte aligned scratch, got " + std::to_string(scratch_bytes));
+  auto* base = static_cast<uint8_t*>(scratch);
+  Routing rt{reinterpret_cast<int32_t*>(base + s.n_tiles), reinterpret_cast<MoeTile*>(base + s.tiles),
+             reinterpret_cast<int32_t*>(base + s.sorted), reinterpret_cast<int32_t*>(base + s.pos)};
+  auto* h = reinterpret_cast<Bf16*>(base + s.h);
+  auto* y = reinterpret_cast<float*>(base + s.y);
+
+  moe_sort_kernel<<<1, 1024, size_t(2 * a.n_expert) * sizeof(int), stream>>>(a, rt);
+  if (Status st = launch_status("moe_sort_kernel"); !st.ok()) return st;
+
+  Bf16* xs = nullptr;
+  if (a.act_ring) {
+    xs = reinterpret_cast<Bf16*>(base + s.xs);
+    moe_gather_x_kernel<<<unsigned(a.n_tokens * a.n_used), 256, 0, stream>>>(a, rt, xs);
+    if (Status st = launch_status("moe_gather_x_kernel"); !st.ok()) return st;
+  }
+  Status status;
+  const unsigned tiles = unsigned(max_tiles(a));
+  // One kernel of each projection per weight type and variant (v2: activations one step
+  // ahead in registers; ring: kActRing - 1 steps ahead by cp.async).
+  auto launch = [&](auto kernel, int smem, dim3 grid, const char* name, auto... args) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) {
+      status = Status::from_cuda(e, std::string("cudaFuncSetAttribute(") + name + ")");
+      return;
+    }
+    kernel<<<grid, kGemmThreads, smem, stream>>>(args...);
+    status = launch_status(name);
+  };
+  visit_moe_format(a.gate.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    const dim3 grid(unsigned((a.n_ff + 63) / 64), tiles);
+    if (a.act_ring)
+      launch(moe_gate_up_gemm_kernel<W, true>, GemmLayout<W, true>::kTotal, grid, "moe_gate_up_gemm_kernel", a, rt,
+             static_cast<const Bf16*>(xs), h);
+    else
+      launch(moe_gate_up_gemm_kernel<W, false>, GemmLayout<W, false>::kTotal, grid, "moe_gate_up_gemm_kernel", a,
+             rt, static_cast<const Bf16*>(xs), h);
+  });
+  if (!status.ok()) return status;
+  visit_moe_format(a.down.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    const dim3 grid(unsigned((a.n_embd + kTileRows - 1) / kTileRows), tiles);
+    if (a.act_ring)
+      launch(moe_down_gemm_kernel<W, true>, GemmLayout<W, true>::kTotal, grid, "moe_down_gemm_kernel", a, rt,
+             static_cast<const Bf16*>(h), y);
+    else
+      launch(moe_down_gemm_kernel<W, false>, GemmLayout<W, false>::kTotal, grid, "moe_down_gemm_kernel", a, rt,
+             static_cast<const Bf16*>(h), y);
+  });
+  if (!status.ok()) return status;
+  const dim3 grid(unsigned((a.n_embd + 255) / 256), unsigned(a.n_tokens));
+  moe_combine_sorted_kernel<<<grid, 256, 0, stream>>>(a, rt.pos_of_pair, y);
+  return launch_status("moe_combine_sorted_kernel");
+}
+
+}  // namespace kiln::cuda

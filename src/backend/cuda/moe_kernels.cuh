@@ -1,0 +1,95 @@
+#pragma once
+// Device pieces shared by the MoE kernels (moe_matvec.cu, moe_gemm.cu): the GLU, plain
+// (f32 / f16 / bf16) weights seen through the same decode8 interface as the block formats,
+// and a visitor over every weight type the MoE kernels take.
+#include <cmath>
+
+#include "backend/cuda/block_formats.cuh"
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/ops.h"
+
+namespace kiln::cuda::detail {
+
+// The same formulas as the CPU backend's glu (cpu/ops_basic.cpp).
+__device__ __forceinline__ float moe_glu(GluKind kind, float g, float u, float alpha, float limit) {
+  if (kind == GluKind::Silu) return g / (1.0f + expf(-g)) * u;
+  if (kind == GluKind::GeluTanh) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
+  }
+  const float gc = fminf(g, limit);
+  const float uc = fminf(fmaxf(u, -limit), limit);
+  return gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
+}
+
+__device__ __forceinline__ float moe_nan() { return __int_as_float(0x7fc00000); }
+
+// Plain weights as "blocks" of one element: decode8 reads 8 consecutive elements starting
+// at b (any alignment of the element size), load1 one element.
+template <GgmlType T>
+struct PlainFormat {
+  static constexpr bool kPlain = true;
+  static constexpr int kElems = 1;
+  static constexpr int kBytes = T == GgmlType::F32 ? 4 : 2;
+  static constexpr bool kBf16 = T == GgmlType::BF16;
+  __device__ static float load1(const uint8_t* row, int64_t i) {
+    if constexpr (T == GgmlType::F32) return __ldg(reinterpret_cast<const float*>(row) + i);
+    if constexpr (T == GgmlType::F16) return half_to_float(__ldg(reinterpret_cast<const unsigned short*>(row) + i));
+    return bf16_to_float(__ldg(reinterpret_cast<const unsigned short*>(row) + i));
+  }
+};
+
+template <typename W>
+struct IsPlain {
+  static constexpr bool value = false;
+};
+template <GgmlType T>
+struct IsPlain<PlainFormat<T>> {
+  static constexpr bool value = true;
+};
+
+// Elements k0 .. k0+7 of a weight row as floats (k0 a multiple of 8; for block formats the
+// 8 never straddle a block).
+template <typename W>
+__device__ __forceinline__ void load8_weights(const uint8_t* row, int64_t k0, float* v) {
+  if constexpr (IsPlain<W>::value) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = W::load1(row, k0 + i);
+  } else {
+    constexpr int kGroups = W::kElems / 8;
+    const int64_t g = k0 / 8;
+    W::decode8(row + (g / kGroups) * W::kBytes, int(g % kGroups), v);
+  }
+}
+
+// Calls f(W{}) for every weight type the MoE kernels take; false for any other type.
+template <typename F>
+bool visit_moe_format(GgmlType type, F&& f) {
+  switch (type) {
+    case GgmlType::F32: f(PlainFormat<GgmlType::F32>{}); return true;
+    case GgmlType::F16: f(PlainFormat<GgmlType::F16>{}); return true;
+    case GgmlType::BF16: f(PlainFormat<GgmlType::BF16>{}); return true;
+    default: return visit_quant_format(type, f);
+  }
+}
+
+// 16 bytes global -> shared (as cp_async_16) for data read once: marked first to leave the
+// L2, so that a stream of expert weights does not push out the activations every block
+// re-reads.
+__device__ __forceinline__ void cp_async_16_stream(void* shared_dst, const void* global_src) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
+  asm volatile(
+      "{\n"
+      ".reg .b64 policy;\n"
+      "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, policy;\n"
+      "}\n" ::"r"(dst),
+      "l"(global_src)
+      : "memory");
+}
+
+__host__ __device__ inline bool is_plain_type(GgmlType t) {
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
+
+}  // namespace kiln::cuda::detail

@@ -1,0 +1,435 @@
+// MoE for a few tokens: indexed expert matvecs (see moe.h).
+//
+// Quantized weights, int8 activations (four launches):
+//   1. x -> int8 blocks of 32 (one launch for all tokens);
+//   2. gate/up: a warp owns output row r of pair p and walks gate row r and up row r of
+//      expert ids[p] together (they share the activation loads), then applies the GLU;
+//   3. h -> int8 blocks of 32;
+//   4. down: a warp owns output row(s) r of token t and walks row r of each of its k
+//      experts in slot order, each slot's partial sums scaled by its routing weight: the
+//      sum over slots happens in registers, in a fixed order (deterministic, no atomics).
+// Weight rows go through shared memory as in matvec.cu (aligned 16-byte asynchronous
+// copies, a few chunks ahead; GGUF blocks are only byte-aligned), here with the chunks of
+// all of a warp's segments (pair rows) in one pipeline, so short rows (768 columns) still
+// keep several copies in flight.
+//
+// Plain weights, and every type in exact mode: the same two launches with f32 activations,
+// the weights decoded to f32 by the block formats' exact decode8 straight from global
+// memory (slower; the exact mode is for checking, plain weights are for tests).
+#include <string>
+
+#include "backend/cuda/moe.h"
+#include "backend/cuda/moe_kernels.cuh"
+
+namespace kiln::cuda {
+namespace detail {
+
+constexpr int kMoeWarps = 4;
+constexpr int kMoeThreads = kMoeWarps * kWarpSize;
+constexpr int kMoeStages = 4;
+
+// ---- int8 activations --------------------------------------------------------------------
+
+// Rows of n floats (n % 32 == 0) -> int8 blocks of 32 with (scale, scale * sum) per block,
+// as matvec.h's Q8Vector: row i's values at qs + i * qs_pitch, its scales at ds + i * n / 32.
+__global__ void moe_quantize_rows_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n,
+                                         int8_t* __restrict__ qs, int64_t qs_pitch, float2* __restrict__ ds) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = blockIdx.y;
+  if (i >= n) return;  // whole warps leave together
+  const float v = x[row * x_stride + i];
+  const float amax = warp_max(fabsf(v));
+  const float d = amax / 127.0f;
+  const int q = d == 0.0f ? 0 : int(roundf(v / d));
+  qs[row * qs_pitch + i] = int8_t(q);
+  const int sum = warp_sum_int(q);
+  if ((threadIdx.x & 31) == 0) ds[row * (n / 32) + i / 32] = make_float2(d, d * float(sum));
+}
+
+// ---- the pipelined dot product over segments ----------------------------------------------
+
+template <typename Fmt>
+struct ChunkShape {
+  static constexpr int kSlicesPerBlock = Fmt::kElems / 32;
+  static constexpr int kBlocksPerChunk = kWarpSize / kSlicesPerBlock;
+  static constexpr int kChunkBytes = kBlocksPerChunk * Fmt::kBytes;
+  // Up to 15 bytes of misalignment ahead, the last piece's tail, the word load_words reads past.
+  static constexpr int kStageBytes = (kChunkBytes + 46) / 16 * 16;
+};
+
+// A warp's dot products of kRows weight rows with int8 activations, over n_segs segments
+// (each a row of n_slices * 32 columns with its own activations and factor):
+//   acc[r] += sum_s factor(s) * (row(s, r) . x(s))   (per-lane partial sums)
+// `stage` is this warp's [kMoeStages][kRows][kStageBytes] shared buffer.
+template <typename Fmt, int kRows, typename Segments>
+__device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs, int64_t n_slices, uint8_t* stage,
+                                                float (&acc)[kRows]) {
+  using S = ChunkShape<Fmt>;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t n_blocks = n_slices / S::kSlicesPerBlock;
+  const int64_t per_seg = (n_slices + kWarpSize - 1) / kWarpSize;
+  const int64_t total = n_segs * per_seg;
+  auto stage_of = [&](int64_t k, int r) { return stage + (int(k % kMoeStages) * kRows + r) * S::kStageBytes; };
+
+  auto issue = [&](int64_t k) {
+    if (k < total) {
+      const int seg = int(k / per_seg);
+      const int64_t first_block = (k % per_seg) * S::kBlocksPerChunk;
+      const int chunk_bytes = int(min64(S::kBlocksPerChunk, n_blocks - first_block)) * Fmt::kBytes;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uintptr_t addr = reinterpret_cast<uintptr_t>(segs.row(seg, r) + first_block * Fmt::kBytes);
+        const uint8_t* aligned = reinterpret_cast<const uint8_t*>(addr & ~uintptr_t(15));
+        const int n_pieces = (int(addr & 15) + chunk_bytes + 15) / 16;
+        uint8_t* dst = stage_of(k, r);
+        for (int p = lane; p < n_pieces; p += kWarpSize) cp_async_16(dst + 16 * p, aligned + 16 * p);
+      }
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int k = 0; k < kMoeStages - 1; ++k) issue(k);
+  for (int64_t k = 0; k < total; ++k) {
+    issue(k + kMoeStages - 1);
+    const int seg = int(k / per_seg);
+    const int64_t chunk = k % per_seg;
+    const int64_t slice = chunk * kWarpSize + lane;
+    const bool active = slice < n_slices;
+    int x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float2 ds = make_float2(0.0f, 0.0f);
+    if (active) {
+      const int4* xv = reinterpret_cast<const int4*>(segs.xqs(seg) + 32 * slice);
+      const int4 a = __ldg(xv), b = __ldg(xv + 1);
+      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+      ds = __ldg(segs.xds(seg) + slice);
+    }
+    cp_async_wait<kMoeStages - 1>();  // chunk k has landed (this lane's copies)
+    __syncwarp();                     // ... and every lane's
+    if (active) {
+      const float factor = segs.factor(seg);
+      const int64_t first_block = chunk * S::kBlocksPerChunk;
+      const int block_in_chunk = lane / S::kSlicesPerBlock, sub = lane % S::kSlicesPerBlock;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int head = int(reinterpret_cast<uintptr_t>(segs.row(seg, r) + first_block * Fmt::kBytes) & 15);
+        const uint8_t* st = stage_of(k, r);
+        const int off = head + block_in_chunk * Fmt::kBytes;
+        float d;
+        if (Fmt::kMaxAlign >= 16 && head == 0)
+          d = Fmt::template dot_q8<Fmt::kMaxAlign >= 16 ? 16 : 1>(st, off, sub, x, ds);
+        else if (Fmt::kMaxAlign >= 4 && (head & 3) == 0)
+          d = Fmt::template dot_q8<Fmt::kMaxAlign >= 4 ? 4 : 1>(st, off, sub, x, ds);
+        else
+          d = Fmt::template dot_q8<1>(st, off, sub, x, ds);
+        acc[r] = fmaf(factor, d, acc[r]);
+      }
+    }
+    __syncwarp();  // the stage is refilled next iteration
+  }
+  cp_async_wait<0>();
+}
+
+// The expert of slot j of token t, or -1 when the id is out of range.
+__device__ __forceinline__ int expert_of(const MoeFfnArgs& a, int64_t t, int64_t j) {
+  const int e = a.ids[t * a.ids_stride + j];
+  return e >= 0 && e < a.n_expert ? e : -1;
+}
+
+__device__ __forceinline__ const uint8_t* expert_row(const ExpertMatrix& m, int expert, int64_t row) {
+  return static_cast<const uint8_t*>(m.data) + int64_t(expert < 0 ? 0 : expert) * m.expert_bytes + row * m.row_bytes;
+}
+
+__device__ __forceinline__ float bias_at(const ExpertMatrix& m, int expert, int64_t row) {
+  return m.bias && expert >= 0 ? m.bias[int64_t(expert) * m.bias_stride + row] : 0.0f;
+}
+
+// Where the int8 copies live (see moe_matvec_scratch_bytes).
+struct Q8Rows {
+  const int8_t* qs = nullptr;
+  int64_t pitch = 0;  // bytes between rows of qs
+  const float2* ds = nullptr;
+  int64_t blocks = 0;  // scale pairs per row
+};
+
+// ---- gate / up + GLU ---------------------------------------------------------------------
+
+struct GateUpSegments {
+  const uint8_t* gate_row;
+  const uint8_t* up_row;
+  const int8_t* qs;
+  const float2* ds;
+  __device__ const uint8_t* row(int, int r) const { return r == 0 ? gate_row : up_row; }
+  __device__ const int8_t* xqs(int) const { return qs; }
+  __device__ const float2* xds(int) const { return ds; }
+  __device__ float factor(int) const { return 1.0f; }
+};
+
+// Grid (ceil(n_ff / kMoeWarps), pairs); warp w of block x owns row x * kMoeWarps + w.
+template <typename Fmt>
+__global__ void __launch_bounds__(kMoeThreads) moe_gate_up_q8_kernel(MoeFfnArgs a, Q8Rows xq, float* h) {
+  using S = ChunkShape<Fmt>;
+  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * 2 * S::kStageBytes];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t r = int64_t(blockIdx.x) * kMoeWarps + warp;
+  const int64_t p = blockIdx.y, t = p / a.n_used, j = p % a.n_used;
+  if (r >= a.n_ff) return;  // no block-wide barriers below
+  const int e = expert_of(a, t, j);
+  GateUpSegments segs{expert_row(a.gate, e, r), expert_row(a.up, e, r), xq.qs + t * xq.pitch, xq.ds + t * xq.blocks};
+  float acc[2] = {0.0f, 0.0f};
+  segments_dot_q8<Fmt, 2>(segs, 1, a.n_embd / 32, stage[warp], acc);
+  const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
+  if (lane == 0)
+    h[p * a.n_ff + r] = e < 0 ? moe_nan()
+                              : moe_glu(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
+}
+
+// ---- down, weighted and summed over the slots ------------------------------------------------
+
+template <int kRows>
+struct DownSegments {
+  const MoeFfnArgs* a;
+  int64_t t, row0;
+  Q8Rows hq;
+  __device__ const uint8_t* row(int j, int r) const {
+    return expert_row(a->down, expert_of(*a, t, j), min64(row0 + r, a->n_embd - 1));
+  }
+  __device__ const int8_t* xqs(int j) const { return hq.qs + (t * a->n_used + j) * hq.pitch; }
+  __device__ const float2* xds(int j) const { return hq.ds + (t * a->n_used + j) * hq.blocks; }
+  __device__ float factor(int j) const { return a->weights[t * a->weights_stride + j]; }
+};
+
+// Writes out[t][row0 + r] for the warp's rows: the slots' weighted biases added, NaN when a
+// slot's id is out of range.
+template <int kRows>
+__device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int64_t row0, float (&acc)[kRows]) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
+  if (lane >= kRows || row0 + lane >= a.n_embd) return;
+  float sum = acc[0];
+#pragma unroll
+  for (int r = 1; r < kRows; ++r)
+    if (lane == r) sum = acc[r];
+  const int64_t row = row0 + lane;
+  for (int64_t j = 0; j < a.n_used; ++j) {
+    const int e = expert_of(a, t, j);
+    if (e < 0) sum = moe_nan();
+    sum += a.weights[t * a.weights_stride + j] * bias_at(a.down, e, row);
+  }
+  a.out[t * a.out_stride + row] = sum;
+}
+
+// Grid (ceil(n_embd / (kMoeWarps * kRows)), tokens).
+template <typename Fmt, int kRows>
+__global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, Q8Rows hq) {
+  using S = ChunkShape<Fmt>;
+  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * kRows * S::kStageBytes];
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t row0 = (int64_t(blockIdx.x) * kMoeWarps + warp) * kRows;
+  const int64_t t = blockIdx.y;
+  if (row0 >= a.n_embd) return;
+  DownSegments<kRows> segs{&a, t, row0, hq};
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  segments_dot_q8<Fmt, kRows>(segs, int(a.n_used), a.n_ff / 32, stage[warp], acc);
+  finish_down<kRows>(a, t, row0, acc);
+}
+
+// ---- f32 activations (plain weights; exact mode) ------------------------------------------
+
+// This lane's partial sum of row . x over `cols` columns (x in f32).
+template <typename W>
+__device__ __forceinline__ float row_dot_f32(const uint8_t* row, const float* x, int64_t cols) {
+  const int lane = threadIdx.x % kWarpSize;
+  float acc = 0.0f;
+  if constexpr (IsPlain<W>::value) {
+    for (int64_t i = lane; i < cols; i += kWarpSize) acc = fmaf(W::load1(row, i), x[i], acc);
+  } else {
+    for (int64_t k0 = 8 * int64_t(lane); k0 < cols; k0 += 8 * kWarpSize) {
+      float v[8];
+      load8_weights<W>(row, k0, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc = fmaf(v[i], x[k0 + i], acc);
+    }
+  }
+  return acc;
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kMoeThreads) moe_gate_up_f32_kernel(MoeFfnArgs a, float* h) {
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t r = int64_t(blockIdx.x) * kMoeWarps + warp;
+  const int64_t p = blockIdx.y, t = p / a.n_used, j = p % a.n_used;
+  if (r >= a.n_ff) return;
+  const int e = expert_of(a, t, j);
+  const float* x = a.x + t * a.x_stride;
+  const float g = warp_sum(row_dot_f32<W>(expert_row(a.gate, e, r), x, a.n_embd));
+  const float u = warp_sum(row_dot_f32<W>(expert_row(a.up, e, r), x, a.n_embd));
+  if (lane == 0)
+    h[p * a.n_ff + r] = e < 0 ? moe_nan()
+                              : moe_glu(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
+}
+
+template <typename W>
+__global__ void __launch_bounds__(kMoeThreads) moe_down_f32_kernel(MoeFfnArgs a, const float* h) {
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t row = int64_t(blockIdx.x) * kMoeWarps + warp;
+  const int64_t t = blockIdx.y;
+  if (row >= a.n_embd) return;
+  float acc[1] = {0.0f};
+  for (int64_t j = 0; j < a.n_used; ++j) {
+    const int e = expert_of(a, t, j);
+    const float d = row_dot_f32<W>(expert_row(a.down, e, row), h + (t * a.n_used + j) * a.n_ff, a.n_ff);
+    acc[0] = fmaf(a.weights[t * a.weights_stride + j], d, acc[0]);
+  }
+  finish_down<1>(a, t, row, acc);
+}
+
+// ---- host side -------------------------------------------------------------------------------
+
+constexpr size_t kAlignBytes = 256;
+size_t align_up(size_t v) { return (v + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+int64_t q8_pitch(int64_t n) { return (n + 15) / 16 * 16; }
+
+// The scratch regions, in order: x int8 (+ scales), h f32, h int8 (+ scales).
+struct MatvecScratch {
+  size_t xq = 0, xd = 0, h = 0, hq = 0, hd = 0, total = 0;
+};
+
+MatvecScratch plan_scratch(const MoeFfnArgs& a, bool q8_gate_up, bool q8_down) {
+  MatvecScratch s;
+  const int64_t P = a.n_tokens * a.n_used;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t start = at;
+    at += align_up(bytes);
+    return start;
+  };
+  if (q8_gate_up) {
+    s.xq = take(size_t(a.n_tokens * q8_pitch(a.n_embd)));
+    s.xd = take(size_t(a.n_tokens * (a.n_embd / 32)) * sizeof(float2));
+  }
+  s.h = take(size_t(P * a.n_ff) * sizeof(float));
+  if (q8_down) {
+    s.hq = take(size_t(P * q8_pitch(a.n_ff)));
+    s.hd = take(size_t(P * (a.n_ff / 32)) * sizeof(float2));
+  }
+  s.total = at;
+  return s;
+}
+
+Status quantize_rows(const float* x, int64_t stride, int64_t n, int64_t rows, int8_t* qs, float2* ds,
+                     cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const dim3 grid(unsigned((n + kThreads - 1) / kThreads), unsigned(rows));
+  moe_quantize_rows_kernel<<<grid, kThreads, 0, stream>>>(x, stride, n, qs, q8_pitch(n), ds);
+  return launch_status("moe_quantize_rows_kernel");
+}
+
+// Tokens per round of launches: the pairs of a round index grid.y (at most 65535).
+int64_t matvec_round_tokens(const MoeFfnArgs& a) {
+  const int64_t most = a.n_used > 0 ? 65535 / a.n_used : 1;
+  return a.n_tokens < most ? a.n_tokens : most;
+}
+
+}  // namespace detail
+
+bool moe_supports(GgmlType gate_up, GgmlType down) {
+  auto known = [](GgmlType t) { return detail::visit_moe_format(t, [](auto) {}); };
+  return known(gate_up) && known(down);
+}
+
+size_t moe_matvec_scratch_bytes(const MoeFfnArgs& a, bool exact) {
+  const bool q8_gate_up = !exact && !detail::is_plain_type(a.gate.type);
+  const bool q8_down = !exact && !detail::is_plain_type(a.down.type);
+  MoeFfnArgs round = a;
+  round.n_tokens = detail::matvec_round_tokens(a);
+  return detail::plan_scratch(round, q8_gate_up, q8_down).total;
+}
+
+Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  using namespace detail;
+  if (!moe_supports(a.gate.type, a.down.type) || a.gate.type != a.up.type)
+    return Status::invalid("moe_ffn: expert types gate " + std::string(type_name(a.gate.type)) + ", up " +
+                           std::string(type_name(a.up.type)) + ", down " + std::string(type_name(a.down.type)) +
+                           " are not supported (gate and up must share a type; types: f32 f16 bf16 " +
+                           kQuantFormatNames + ")");
+  if (a.n_tokens <= 0 || a.n_used <= 0 || a.n_used > 65535 || a.n_embd <= 0 || a.n_ff <= 0)
+    return Status::invalid("moe_ffn: " + std::to_string(a.n_tokens) + " tokens x " + std::to_string(a.n_used) +
+                           " slots, " + std::to_string(a.n_embd) + " -> " + std::to_string(a.n_ff) +
+                           " is not a problem the indexed matvecs take");
+  // More pairs than a grid dimension holds: rounds of whole tokens, one after the other.
+  if (const int64_t round = matvec_round_tokens(a); round < a.n_tokens) {
+    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += round) {
+      MoeFfnArgs r = a;
+      r.n_tokens = a.n_tokens - t0 < round ? a.n_tokens - t0 : round;
+      r.x += t0 * a.x_stride, r.ids += t0 * a.ids_stride;
+      r.weights += t0 * a.weights_stride, r.out += t0 * a.out_stride;
+      if (Status st = moe_ffn_matvec(r, exact, scratch, scratch_bytes, stream); !st.ok()) return st;
+    }
+    return Status();
+  }
+  const bool q8_gate_up = !exact && !is_plain_type(a.gate.type);
+  const bool q8_down = !exact && !is_plain_type(a.down.type);
+  const MatvecScratch s = plan_scratch(a, q8_gate_up, q8_down);
+  if (!scratch || scratch_bytes < s.total || reinterpret_cast<uintptr_t>(scratch) % kAlignBytes != 0)
+    return Status::invalid("moe_ffn: needs " + std::to_string(s.total) + " bytes of 256-byte aligned scratch, got " +
+                           std::to_string(scratch_bytes));
+  auto* base = static_cast<uint8_t*>(scratch);
+  float* h = reinterpret_cast<float*>(base + s.h);
+  const int64_t P = a.n_tokens * a.n_used;
+  Status status;
+
+  // gate / up + GLU -> h
+  const dim3 gate_up_grid(unsigned((a.n_ff + kMoeWarps - 1) / kMoeWarps), unsigned(P));
+  if (q8_gate_up) {
+    Q8Rows xq{reinterpret_cast<int8_t*>(base + s.xq), q8_pitch(a.n_embd), reinterpret_cast<float2*>(base + s.xd),
+              a.n_embd / 32};
+    if (Status st = quantize_rows(a.x, a.x_stride, a.n_embd, a.n_tokens, const_cast<int8_t*>(xq.qs),
+                                  const_cast<float2*>(xq.ds), stream);
+        !st.ok())
+      return st;
+    visit_quant_format(a.gate.type, [&](auto fmt) {
+      moe_gate_up_q8_kernel<decltype(fmt)><<<gate_up_grid, kMoeThreads, 0, stream>>>(a, xq, h);
+      status = launch_status("moe_gate_up_q8_kernel");
+    });
+  } else {
+    visit_moe_format(a.gate.type, [&](auto fmt) {
+      moe_gate_up_f32_kernel<decltype(fmt)><<<gate_up_grid, kMoeThreads, 0, stream>>>(a, h);
+      status = launch_status("moe_gate_up_f32_kernel");
+    });
+  }
+  if (!status.ok()) return status;
+
+  // down, weighted and summed over the slots -> out
+  if (q8_down) {
+    Q8Rows hq{reinterpret_cast<int8_t*>(base + s.hq), q8_pitch(a.n_ff), reinterpret_cast<float2*>(base + s.hd),
+              a.n_ff / 32};
+    if (Status st = quantize_rows(h, a.n_ff, a.n_ff, P, const_cast<int8_t*>(hq.qs), const_cast<float2*>(hq.ds),
+                                  stream);
+        !st.ok())
+      return st;
+    // One row per warp gives more warps (more copies in flight) while the grid is small.
+    const bool two_rows = a.n_tokens * a.n_embd >= 16384;
+    const int rows_per_block = kMoeWarps * (two_rows ? 2 : 1);
+    const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
+    visit_quant_format(a.down.type, [&](auto fmt) {
+      if (two_rows)
+        moe_down_q8_kernel<decltype(fmt), 2><<<grid, kMoeThreads, 0, stream>>>(a, hq);
+      else
+        moe_down_q8_kernel<decltype(fmt), 1><<<grid, kMoeThreads, 0, stream>>>(a, hq);
+      status = launch_status("moe_down_q8_kernel");
+    });
+  } else {
+    const dim3 grid(unsigned((a.n_embd + kMoeWarps - 1) / kMoeWarps), unsigned(a.n_tokens));
+    visit_moe_format(a.down.type, [&](auto fmt) {
+      moe_down_f32_kernel<decltype(fmt)><<<grid, kMoeThreads, 0, stream>>>(a, h);
+      status = launch_status("moe_down_f32_kernel");
+    });
+  }
+  return status;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,424 @@
+// The CUDA backend's routed MoE FFN (moe.h) on random experts of every weight type MoE models
+// use, at awkward sizes, against a double-precision reference computed from the reference
+// dequantizer (quant/quant.h), and against the CPU backend's moe_ffn; then graph replay
+// against eager runs. Skips without a GPU.
+//
+// Error bounds, per output element i of token t (all from the reference's own values):
+//   exact mode (f32 activations, weights decoded exactly):
+//     |err| <= 1e-4 * S + 1e-6,   S = sum_j w_j (sum_k |down[i][k] h_k| + |bias_i|);
+//   fast paths (int8 activations for a few tokens, bf16 operands with f32 accumulation for
+//   many): the rounding of each stage carried to the output to first order, doubled:
+//     dg_k = 2^-8 sum_d |gate[k][d] x_d| + sum_blocks b (max_{d in b} |x_d| / 254) sum_{d in b} |gate[k][d]|
+//            (blocks of 256: the GPU's int8 blocks are 32, the CPU backend's q8_K 256)
+//            (du_k likewise: bf16 operands, then int8 activations: both models added),
+//     dh_k = |dglu/dg| dg_k + |dglu/du| du_k + 2^-9 |h_k| + max_{k' in block of k} |h_k'| / 254,
+//     |err| <= 2 * sum_j w_j (sum_k |down[i][k]| dh_k + 2^-9 sum_k |down[i][k] h_k|) + 1e-4 * S + 1e-5.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_support.h"
+#include "quant/quant.h"
+
+namespace kiln::testing {
+namespace {
+
+using cuda::testing::all_close;
+using cuda::testing::random_floats;
+using cuda::testing::random_rows;
+
+struct MoeCase {
+  GgmlType gate_up, down;
+  int64_t n_embd, n_ff, n_expert, n_used;
+  bool gpt_oss;  // biases and the clamped SwiGLU
+};
+
+std::string describe(const MoeCase& c, int64_t T) {
+  return std::string(type_name(c.gate_up)) + "/" + std::string(type_name(c.down)) + " embd " +
+         std::to_string(c.n_embd) + " ff " + std::to_string(c.n_ff) + " experts " + std::to_string(c.n_expert) +
+         " used " + std::to_string(c.n_used) + (c.gpt_oss ? " swiglu_oai+bias" : " silu") + " T " + std::to_string(T);
+}
+
+// Host data of one problem: weight bytes as stored, their dequantized values, activations,
+// routing, and the reference output with its error scale.
+struct Problem {
+  MoeCase c;
+  int64_t T = 0;
+  std::vector<uint8_t> gate, up, down;      // stacked, GGUF layout
+  std::vector<float> gate_f, up_f, down_f;  // dequantized [expert][row][col]
+  std::vector<float> gate_b, up_b, down_b;  // [expert][rows] or empty
+  std::vector<float> x, w;                  // [T][n_embd], [T][n_used]
+  std::vector<int32_t> ids;                 // [T][n_used]
+  std::vector<double> ref, scale, fast_tol; // [T][n_embd]
+};
+
+std::vector<uint8_t> weight_bytes(std::mt19937_64& rng, GgmlType type, int64_t rows, int64_t cols) {
+  const TypeTraits& t = traits(type);
+  const int64_t row_bytes = cols / t.block_size * t.type_size;
+  std::vector<uint8_t> b = random_rows(rng, type, rows, cols, row_bytes);
+  b.resize(size_t(rows * row_bytes));
+  if (type == GgmlType::MXFP4)  // scales 2^-10 .. 2^-4 (as trained weights), not the helper's 2^-10 .. 2^5
+    for (int64_t i = 0; i < rows * row_bytes; i += t.type_size) b[size_t(i)] = uint8_t(117 + rng() % 7);
+  return b;
+}
+
+std::vector<float> dequantized(GgmlType type, const std::vector<uint8_t>& bytes, int64_t rows, int64_t cols) {
+  const TypeTraits& t = traits(type);
+  const int64_t row_bytes = cols / t.block_size * t.type_size;
+  std::vector<float> f(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) dequantize_row_reference(type, bytes.data() + r * row_bytes, f.data() + r * cols, cols);
+  return f;
+}
+
+double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
+
+double glu_ref(bool oai, double g, double u) {
+  if (!oai) return g * sigmoid(g) * u;
+  const double gc = std::min(g, 7.0), uc = std::clamp(u, -7.0, 7.0);
+  return gc * sigmoid(1.702 * gc) * (uc + 1.0);
+}
+
+// |dglu/dg| and |dglu/du| at (g, u); for the clamped SwiGLU, taken as if the clamps were
+// not there (at the clamped values): an upper bound on how far a small change can move it.
+std::pair<double, double> glu_slopes(bool oai, double g, double u) {
+  if (!oai) {
+    const double s = sigmoid(g);
+    return {std::fabs(u * (s + g * s * (1 - s))), std::fabs(g * s)};
+  }
+  const double gc = std::min(g, 7.0), uc = std::clamp(u, -7.0, 7.0), s = sigmoid(1.702 * gc);
+  return {std::fabs((s + 1.702 * gc * s * (1 - s)) * (uc + 1.0)), std::fabs(gc * s)};
+}
+
+// Half a step of int8 block quantization, per element of a row of n, for blocks of up to
+// 256 (the GPU quantizes blocks of 32; the CPU backend's q8_K takes 256: the larger bound).
+std::vector<double> int8_step(const double* v, int64_t n) {
+  constexpr int64_t kBlock = 256;
+  std::vector<double> q(static_cast<size_t>(n), 0.0);
+  for (int64_t b = 0; b < n; b += kBlock) {
+    double m = 0;
+    for (int64_t i = b; i < std::min(n, b + kBlock); ++i) m = std::max(m, std::fabs(v[i]));
+    for (int64_t i = b; i < std::min(n, b + kBlock); ++i) q[size_t(i)] = m / 254.0;
+  }
+  return q;
+}
+
+Problem make_problem(std::mt19937_64& rng, const MoeCase& c, int64_t T) {
+  Problem p;
+  p.c = c, p.T = T;
+  const int64_t E = c.n_expert, D = c.n_embd, F = c.n_ff, K = c.n_used;
+  p.gate = weight_bytes(rng, c.gate_up, E * F, D);
+  p.up = weight_bytes(rng, c.gate_up, E * F, D);
+  p.down = weight_bytes(rng, c.down, E * D, F);
+  p.gate_f = dequantized(c.gate_up, p.gate, E * F, D);
+  p.up_f = dequantized(c.gate_up, p.up, E * F, D);
+  p.down_f = dequantized(c.down, p.down, E * D, F);
+  if (c.gpt_oss) {
+    p.gate_b = random_floats(rng, size_t(E * F), -0.5f, 0.5f);
+    p.up_b = random_floats(rng, size_t(E * F), -0.5f, 0.5f);
+    p.down_b = random_floats(rng, size_t(E * D), -0.5f, 0.5f);
+  }
+  p.x = random_floats(rng, size_t(T * D), -1.0f, 1.0f);
+  p.w = random_floats(rng, size_t(T * K), 0.05f, 1.0f);
+  std::vector<int32_t> order(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {  // k distinct experts per token, in random order
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int64_t j = 0; j < K; ++j) p.ids.push_back(order[size_t(j)]);
+  }
+  p.ref.assign(size_t(T * D), 0.0), p.scale.assign(size_t(T * D), 0.0), p.fast_tol.assign(size_t(T * D), 0.0);
+  const double r8 = std::ldexp(1.0, -8), r9 = std::ldexp(1.0, -9);
+  std::vector<double> h(static_cast<size_t>(F)), dh(static_cast<size_t>(F));
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> xt(p.x.begin() + t * D, p.x.begin() + (t + 1) * D);
+    const std::vector<double> xq = int8_step(xt.data(), D);
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = p.ids[size_t(t * K + j)];
+      const double wt = p.w[size_t(t * K + j)];
+      for (int64_t f = 0; f < F; ++f) {
+        double g = 0, u = 0, dg = 0, du = 0;
+        const float* gr = &p.gate_f[size_t((e * F + f) * D)];
+        const float* ur = &p.up_f[size_t((e * F + f) * D)];
+        for (int64_t d = 0; d < D; ++d) {
+          g += double(gr[d]) * xt[size_t(d)], u += double(ur[d]) * xt[size_t(d)];
+          dg += std::fabs(double(gr[d])) * (r8 * std::fabs(xt[size_t(d)]) + xq[size_t(d)]);
+          du += std::fabs(double(ur[d])) * (r8 * std::fabs(xt[size_t(d)]) + xq[size_t(d)]);
+        }
+        if (c.gpt_oss) g += p.gate_b[size_t(e * F + f)], u += p.up_b[size_t(e * F + f)];
+        h[size_t(f)] = glu_ref(c.gpt_oss, g, u);
+        const auto [sg, su] = glu_slopes(c.gpt_oss, g, u);
+        dh[size_t(f)] = sg * dg + su * du;
+      }
+      const std::vector<double> hq = int8_step(h.data(), F);
+      for (int64_t f = 0; f < F; ++f) dh[size_t(f)] += r9 * std::fabs(h[size_t(f)]) + hq[size_t(f)];
+      for (int64_t d = 0; d < D; ++d) {
+        const float* dr = &p.down_f[size_t((e * D + d) * F)];
+        double y = 0, s = 0, err = 0;
+        for (int64_t f = 0; f < F; ++f) {
+          y += double(dr[f]) * h[size_t(f)], s += std::fabs(double(dr[f]) * h[size_t(f)]);
+          err += std::fabs(double(dr[f])) * dh[size_t(f)];
+        }
+        if (c.gpt_oss) y += p.down_b[size_t(e * D + d)], s += std::fabs(p.down_b[size_t(e * D + d)]);
+        const size_t o = size_t(t * D + d);
+        p.ref[o] += wt * y;
+        p.scale[o] += wt * s;
+        p.fast_tol[o] += 2.0 * wt * (err + r9 * s);
+      }
+    }
+  }
+  return p;
+}
+
+// Buffers of one backend that live as long as the holder.
+struct OnBackendScratch {
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  template <typename T>
+  Tensor put(Backend& be, GgmlType type, std::initializer_list<int64_t> shape, const std::vector<T>& data) {
+    buffers.push_back(be.allocate(data.size() * sizeof(T)));
+    Tensor t = buffers.back()->view(type, shape);
+    be.upload(data.data(), t, data.size() * sizeof(T));
+    return t;
+  }
+};
+
+// The problem's tensors on one backend.
+struct OnBackend {
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  ExpertWeights ex;
+  Tensor x, ids, w, out;
+
+  template <typename T>
+  Tensor put(Backend& be, GgmlType type, std::initializer_list<int64_t> shape, const std::vector<T>& data) {
+    buffers.push_back(be.allocate(data.size() * sizeof(T)));
+    Tensor t = buffers.back()->view(type, shape);
+    EXPECT_EQ(t.bytes(), data.size() * sizeof(T)) << "tensor size";
+    be.upload(data.data(), t, data.size() * sizeof(T));
+    return t;
+  }
+  OnBackend(Backend& be, const Problem& p) {
+    const MoeCase& c = p.c;
+    ex.gate = put(be, c.gate_up, {c.n_embd, c.n_ff, c.n_expert}, p.gate);
+    ex.up = put(be, c.gate_up, {c.n_embd, c.n_ff, c.n_expert}, p.up);
+    ex.down = put(be, c.down, {c.n_ff, c.n_embd, c.n_expert}, p.down);
+    if (c.gpt_oss) {
+      ex.gate_bias = put(be, GgmlType::F32, {c.n_ff, c.n_expert}, p.gate_b);
+      ex.up_bias = put(be, GgmlType::F32, {c.n_ff, c.n_expert}, p.up_b);
+      ex.down_bias = put(be, GgmlType::F32, {c.n_embd, c.n_expert}, p.down_b);
+    }
+    x = put(be, GgmlType::F32, {c.n_embd, p.T}, p.x);
+    ids = put(be, GgmlType::I32, {c.n_used, p.T}, p.ids);
+    w = put(be, GgmlType::F32, {c.n_used, p.T}, p.w);
+    out = put(be, GgmlType::F32, {c.n_embd, p.T}, std::vector<float>(size_t(c.n_embd * p.T), std::nanf("")));
+  }
+  std::vector<float> run(Backend& be, const MoeCase& c) {
+    const GluParams act{c.gpt_oss ? Activation::SwigluOai : Activation::Silu};
+    be.moe_ffn(x, ex, ids, w, act, out);
+    std::vector<float> host(size_t(out.elements()));
+    be.download(out, host.data(), host.size() * sizeof(float));
+    return host;
+  }
+};
+
+// exact: 1e-4 * S + 1e-6; fast: the propagated rounding bound + 1e-4 * S + 1e-5 (see the top).
+::testing::AssertionResult within(const std::vector<float>& got, const Problem& p, bool fast, const std::string& what) {
+  std::vector<double> tol(p.ref.size());
+  for (size_t i = 0; i < tol.size(); ++i) tol[i] = 1e-4 * p.scale[i] + (fast ? p.fast_tol[i] + 1e-5 : 1e-6);
+  return all_close(got, p.ref, tol, what);
+}
+
+class CudaMoe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (cuda::list_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << "): GPU MoE test not run";
+    CudaOptions exact, fast;
+    exact.exact = true, exact.graphs = false;
+    fast.graphs = false;
+    exact_ = std::make_unique<CudaBackend>(exact);
+    fast_ = std::make_unique<CudaBackend>(fast);
+  }
+  std::mt19937_64 rng_{20261130};
+  CpuBackend cpu_{4};
+  std::unique_ptr<CudaBackend> exact_, fast_;
+};
+
+// Widths per type: n_ff not a multiple of 256 wherever the block size allows.
+std::vector<MoeCase> cases_for(GgmlType gate_up, GgmlType down) {
+  const int64_t block = std::max(traits(gate_up).block_size, traits(down).block_size);
+  const int64_t embd = block == 256 ? 256 : 64, ff = block == 256 ? 512 : block == 32 ? 160 : 96;
+  const bool oai = gate_up == GgmlType::MXFP4 || gate_up == GgmlType::BF16;
+  return {{gate_up, down, embd, ff, 8, 2, oai}, {gate_up, down, embd, ff, 128, 8, !oai}};
+}
+
+void check_types(GgmlType gate_up, GgmlType down, CudaBackend& exact, CudaBackend& fast, CpuBackend& cpu,
+                 std::mt19937_64& rng) {
+  for (const MoeCase& c : cases_for(gate_up, down))
+    for (const int64_t T : {1, 2, 7, 64, 300}) {
+      const Problem p = make_problem(rng, c, T);
+      const std::string what = describe(c, T);
+      OnBackend e(exact, p), f(fast, p);
+      EXPECT_TRUE(within(e.run(exact, c), p, false, "exact " + what));
+      EXPECT_TRUE(within(f.run(fast, c), p, true, "fast " + what));
+      if (T == 7) {  // the CPU backend's moe_ffn on the same data, within the same bound
+        OnBackend h(cpu, p);
+        EXPECT_TRUE(within(h.run(cpu, c), p, true, "cpu " + what));
+      }
+    }
+}
+
+TEST_F(CudaMoe, F32MatchesReference) { check_types(GgmlType::F32, GgmlType::F32, *exact_, *fast_, cpu_, rng_); }
+TEST_F(CudaMoe, F16MatchesReference) { check_types(GgmlType::F16, GgmlType::F16, *exact_, *fast_, cpu_, rng_); }
+TEST_F(CudaMoe, Bf16MatchesReference) { check_types(GgmlType::BF16, GgmlType::BF16, *exact_, *fast_, cpu_, rng_); }
+TEST_F(CudaMoe, Q8_0MatchesReference) { check_types(GgmlType::Q8_0, GgmlType::Q8_0, *exact_, *fast_, cpu_, rng_); }
+TEST_F(CudaMoe, Q4_0MatchesReference) { check_types(GgmlType::Q4_0, GgmlType::Q4_0, *exact_, *fast_, cpu_, rng_); }
+TEST_F(CudaMoe, Mxfp4MatchesReference) {
+  check_types(GgmlType::MXFP4, GgmlType::MXFP4, *exact_, *fast_, cpu_, rng_);
+}
+TEST_F(CudaMoe, Q4_KWithQ6_KDownMatchesReference) {
+  check_types(GgmlType::Q4_K, GgmlType::Q6_K, *exact_, *fast_, cpu_, rng_);
+}
+TEST_F(CudaMoe, Q5_KMatchesReference) { check_types(GgmlType::Q5_K, GgmlType::Q5_K, *exact_, *fast_, cpu_, rng_); }
+TEST_F(CudaMoe, Q6_KMatchesReference) { check_types(GgmlType::Q6_K, GgmlType::Q6_K, *exact_, *fast_, cpu_, rng_); }
+
+// n_ff of 100 (not a multiple of 32: the grouped GEMM refuses it, the matvecs take it).
+TEST_F(CudaMoe, F32OddWidthMatchesReference) {
+  const MoeCase c{GgmlType::F32, GgmlType::F32, 48, 100, 8, 2, true};
+  for (const int64_t T : {1, 33}) {
+    const Problem p = make_problem(rng_, c, T);
+    OnBackend e(*exact_, p), f(*fast_, p);
+    EXPECT_TRUE(within(e.run(*exact_, c), p, false, "exact " + describe(c, T)));
+    EXPECT_TRUE(within(f.run(*fast_, c), p, true, "fast " + describe(c, T)));
+  }
+}
+
+// Routing at model sizes (128 and 300 experts, top 8) against the CPU backend: the same ids
+// in the same order, weights within 1e-5 relative.
+TEST_F(CudaMoe, RouteMatchesCpu) {
+  for (const MoeGating gating : {MoeGating::Softmax, MoeGating::Sigmoid, MoeGating::SoftmaxTopK})
+    for (const auto& [n_expert, n_used] : {std::pair<int64_t, int>{5, 2}, {128, 8}, {300, 8}})
+      for (const int64_t T : {1, 7, 300}) {
+        const std::string what = "moe_route gating " + std::to_string(int(gating)) + " experts " +
+                                 std::to_string(n_expert) + " used " + std::to_string(n_used) + " T " + std::to_string(T);
+        const std::vector<float> logits = random_floats(rng_, size_t(n_expert * T), -4.0f, 4.0f);
+        const std::vector<float> bias = random_floats(rng_, size_t(n_expert), -0.2f, 0.2f);
+        std::vector<int32_t> ids_cpu(size_t(n_used * T)), ids_gpu(ids_cpu.size());
+        std::vector<float> w_cpu(ids_cpu.size()), w_gpu(ids_cpu.size());
+        auto route = [&](Backend& be, std::vector<int32_t>& ids_out, std::vector<float>& w_out) {
+          OnBackendScratch s;
+          Tensor l = s.put(be, GgmlType::F32, {n_expert, T}, logits);
+          Tensor b = s.put(be, GgmlType::F32, {n_expert}, bias);
+          Tensor ids = s.put(be, GgmlType::I32, {n_used, T}, ids_out);
+          Tensor w = s.put(be, GgmlType::F32, {n_used, T}, w_out);
+          MoeRouteParams rp{n_used, gating, gating == MoeGating::Sigmoid, 2.5f};
+          if (gating == MoeGating::Sigmoid) rp.selection_bias = &b;
+          be.moe_route(l, rp, ids, w);
+          be.download(ids, ids_out.data(), ids_out.size() * 4);
+          be.download(w, w_out.data(), w_out.size() * 4);
+        };
+        route(cpu_, ids_cpu, w_cpu);
+        route(*fast_, ids_gpu, w_gpu);
+        // The GPU takes exp in double, the CPU in float: a token whose choice differs only
+        // between two experts whose scores agree to 1e-5 is a near-tie, skipped (and counted).
+        auto choice = [&](int64_t t, int32_t e) {
+          const double v = logits[size_t(t * n_expert + e)];
+          return gating == MoeGating::Sigmoid ? 1.0 / (1.0 + std::exp(-v)) + bias[size_t(e)] : v;
+        };
+        int near_ties = 0;
+        std::vector<float> got, want;
+        for (int64_t t = 0; t < T; ++t) {
+          bool tie = false;
+          for (int j = 0; j < n_used; ++j) {
+            const int32_t a = ids_cpu[size_t(t * n_used + j)], b = ids_gpu[size_t(t * n_used + j)];
+            if (a == b) continue;
+            const bool close = b >= 0 && b < n_expert && std::fabs(choice(t, a) - choice(t, b)) <= 1e-5 * std::fabs(choice(t, a));
+            EXPECT_TRUE(close) << what << ": token " << t << " slot " << j << " expert " << b << ", want " << a;
+            tie = true;
+          }
+          near_ties += tie;
+          if (tie) continue;
+          got.insert(got.end(), w_gpu.begin() + t * n_used, w_gpu.begin() + (t + 1) * n_used);
+          want.insert(want.end(), w_cpu.begin() + t * n_used, w_cpu.begin() + (t + 1) * n_used);
+        }
+        EXPECT_LE(near_ties, 1) << what;
+        EXPECT_TRUE(all_close(got, std::vector<double>(want.begin(), want.end()), 1e-5, 1e-7, what));
+      }
+}
+
+// More (token, slot) pairs than one grid dimension holds (65535): the matvecs run in rounds.
+TEST_F(CudaMoe, ManyPairsRunInRounds) {
+  const MoeCase c{GgmlType::F32, GgmlType::F32, 32, 32, 8, 8, false};
+  const int64_t T = 8200;  // 65,600 pairs
+  const Problem p = make_problem(rng_, c, T);
+  OnBackend e(*exact_, p), f(*fast_, p);
+  EXPECT_TRUE(within(e.run(*exact_, c), p, false, "exact " + describe(c, T)));
+  EXPECT_TRUE(within(f.run(*fast_, c), p, true, "fast " + describe(c, T)));
+}
+
+// The grouped GEMMs' ring variant (KILN_MOE_ACT_RING=1: activation tiles copied several
+// steps ahead) computes the same values as the default one, bit for bit, and stays within
+// the fast-path bound.
+TEST_F(CudaMoe, GemmActivationRingEqualsDefault) {
+  for (const MoeCase& c : {MoeCase{GgmlType::Q4_K, GgmlType::Q6_K, 256, 512, 128, 8, false},
+                           MoeCase{GgmlType::Q8_0, GgmlType::Q8_0, 64, 160, 8, 2, false},
+                           MoeCase{GgmlType::MXFP4, GgmlType::MXFP4, 64, 160, 8, 2, true},
+                           MoeCase{GgmlType::F16, GgmlType::F16, 64, 96, 8, 2, true}})
+    for (const int64_t T : {64, 300}) {
+      const Problem p = make_problem(rng_, c, T);
+      OnBackend f(*fast_, p);
+      const std::vector<float> plain = f.run(*fast_, c);
+      setenv("KILN_MOE_ACT_RING", "1", 1);
+      const std::vector<float> ring = f.run(*fast_, c);
+      unsetenv("KILN_MOE_ACT_RING");
+      EXPECT_TRUE(cuda::testing::all_equal_bits(ring, plain, "ring vs default " + describe(c, T)));
+      EXPECT_TRUE(within(ring, p, true, "ring " + describe(c, T)));
+    }
+}
+
+// An expert id out of range poisons that token's output (NaN), not the others'.
+TEST_F(CudaMoe, BadExpertIdGivesNan) {
+  const MoeCase c{GgmlType::Q8_0, GgmlType::Q8_0, 64, 96, 8, 2, false};
+  for (const int64_t T : {3, 40}) {
+    Problem p = make_problem(rng_, c, T);
+    p.ids[2] = 9;  // token 1, slot 0
+    OnBackend f(*fast_, p);
+    const std::vector<float> got = f.run(*fast_, c);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < c.n_embd; ++d) {
+        const float v = got[size_t(t * c.n_embd + d)];
+        EXPECT_EQ(t == 1, std::isnan(v)) << "T " << T << " token " << t << " row " << d << ": " << v;
+      }
+  }
+}
+
+// A decode step recorded as a graph, replayed with new routing and activations, gives what
+// eager launches give (bit for bit: the same kernels on the same data).
+TEST_F(CudaMoe, GraphReplayEqualsEager) {
+  for (const MoeCase& c : {MoeCase{GgmlType::Q4_K, GgmlType::Q6_K, 256, 512, 128, 8, false},
+                           MoeCase{GgmlType::F16, GgmlType::F16, 64, 96, 8, 2, true}}) {
+    CudaOptions graphed;
+    graphed.graphs = true;
+    CudaBackend g(graphed);
+    const int64_t T = 2;
+    const Problem first = make_problem(rng_, c, T);
+    OnBackend on_graph(g, first);
+    on_graph.run(g, c);  // captured
+    Problem second = first;
+    std::shuffle(second.ids.begin(), second.ids.end(), rng_);  // a token may now use one expert twice: allowed
+    second.x = random_floats(rng_, second.x.size(), -1.0f, 1.0f);
+    g.upload(second.ids.data(), on_graph.ids, second.ids.size() * 4);
+    g.upload(second.x.data(), on_graph.x, second.x.size() * 4);
+    const std::vector<float> replayed = on_graph.run(g, c);
+    EXPECT_GE(g.graphs().replays(), 1) << "the second step was not replayed";
+    OnBackend eager(*fast_, second);
+    const std::vector<float> direct = eager.run(*fast_, c);
+    EXPECT_TRUE(cuda::testing::all_equal_bits(replayed, direct, "graph replay vs eager " + describe(c, T)));
+  }
+}
+
+}  // namespace
+}  // namespace kiln::testing
