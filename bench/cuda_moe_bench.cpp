@@ -157,38 +157,35 @@ void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
     for (const int32_t* p : ids) cudaFree(const_cast<int32_t*>(p));
   }
 
-  // Prefill: T tokens, one call per sample; the default GEMMs and the ring variant.
-  for (const bool ring : {false, true})
-    for (const int64_t T : {int64_t(64), int64_t(512)}) {
-      a.n_tokens = T;
-      a.act_ring = ring;
-      const std::vector<int32_t> h = random_ids(T, rng);
-      const double touched = double(std::set<int32_t>(h.begin(), h.end()).size());
-      a.ids = static_cast<const int32_t*>(device_copy(h.data(), h.size() * 4));
-      const size_t need = moe_gemm_scratch_bytes(a);
-      void* scratch = nullptr;
-      check(cudaMalloc(&scratch, need), "scratch");
-      for (int i = 0; i < 3; ++i) check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
-      std::vector<float> ms;
-      for (int i = 0; i < 20; ++i) {
-        cudaEventRecord(e0, s);
-        check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
-        cudaEventRecord(e1, s);
-        check(cudaEventSynchronize(e1), "sync");
-        float t = 0;
-        cudaEventElapsedTime(&t, e0, e1);
-        ms.push_back(t);
-      }
-      const double us = median(ms) * 1000.0;
-      const double flops = 2.0 * double(T * kUsed) * 3.0 * double(kEmbd * kFf);
-      const double bytes = touched * expert_bytes;
-      std::printf("%-10s prefill%s T=%-4lld %8.1f us  %6.1f TFLOP/s  %6.0f GB/s of %.0f MB experts (floors: %.1f us "
-                  "FLOP at 790 TFLOP/s, %.1f us bytes)\n",
-                  name.c_str(), ring ? " ring" : "     ", (long long)T, us, flops / us * 1e-6, bytes / us * 1e-3,
-                  bytes * 1e-6, flops / 790e6, bytes / 4.2e6);
-      cudaFree(scratch), cudaFree(const_cast<int32_t*>(a.ids));
+  // Prefill: T tokens, one call per sample.
+  for (const int64_t T : {int64_t(64), int64_t(512)}) {
+    a.n_tokens = T;
+    const std::vector<int32_t> h = random_ids(T, rng);
+    const double touched = double(std::set<int32_t>(h.begin(), h.end()).size());
+    a.ids = static_cast<const int32_t*>(device_copy(h.data(), h.size() * 4));
+    const size_t need = moe_gemm_scratch_bytes(a);
+    void* scratch = nullptr;
+    check(cudaMalloc(&scratch, need), "scratch");
+    for (int i = 0; i < 3; ++i) check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
+    std::vector<float> ms;
+    for (int i = 0; i < 20; ++i) {
+      cudaEventRecord(e0, s);
+      check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
+      cudaEventRecord(e1, s);
+      check(cudaEventSynchronize(e1), "sync");
+      float t = 0;
+      cudaEventElapsedTime(&t, e0, e1);
+      ms.push_back(t);
     }
-  a.act_ring = false;
+    const double us = median(ms) * 1000.0;
+    const double flops = 2.0 * double(T * kUsed) * 3.0 * double(kEmbd * kFf);
+    const double bytes = touched * expert_bytes;
+    std::printf("%-10s prefill T=%-4lld %8.1f us  %6.1f TFLOP/s  %6.0f GB/s of %.0f MB experts (floors: %.1f us "
+                "FLOP at 790 TFLOP/s, %.1f us bytes)\n",
+                name.c_str(), (long long)T, us, flops / us * 1e-6, bytes / us * 1e-3, bytes * 1e-6, flops / 790e6,
+                bytes / 4.2e6);
+    cudaFree(scratch), cudaFree(const_cast<int32_t*>(a.ids));
+  }
   cudaFree(const_cast<void*>(a.gate.data)), cudaFree(const_cast<void*>(a.up.data)),
       cudaFree(const_cast<void*>(a.down.data));
   cudaFree(const_cast<float*>(a.x)), cudaFree(const_cast<float*>(a.weights)), cudaFree(out);

@@ -53,11 +53,8 @@ for t in "${types[@]}"; do
   timeout "${KILN_SYNTH_TIMEOUT:-360}" "$BIN/kiln" synth --preset qwen3-30b-a3b --type "$t" -o "$m" > "$OUT/synth-$t.log" 2>&1 \
     || { echo "synth $t failed"; tail -5 "$OUT/synth-$t.log"; continue; }
   stamp "synth $t"
-  for ring in 0 1; do  # KILN_MOE_ACT_RING=1: the grouped GEMMs' ring variant (A/B)
-    echo "KILN_MOE_ACT_RING=$ring"
-    KILN_MOE_ACT_RING=$ring timeout 240 "$BIN/kiln" bench -m "$m" -p 512 -n 128 -r "${KILN_BENCH_REPS:-2}" \
-      --device cuda 2>&1 | tee "$OUT/bench-$t-ring$ring.log" | tail -3
-  done
+  timeout 240 "$BIN/kiln" bench -m "$m" -p 512 -n 128 -r "${KILN_BENCH_REPS:-2}" --device cuda 2>&1 \
+    | tee "$OUT/bench-$t.log" | tail -6
   rm -f "$m"
   stamp "bench $t"
 done

@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
 #include <random>
 
@@ -357,26 +356,6 @@ TEST_F(CudaMoe, ManyPairsRunInRounds) {
   OnBackend e(*exact_, p), f(*fast_, p);
   EXPECT_TRUE(within(e.run(*exact_, c), p, false, "exact " + describe(c, T)));
   EXPECT_TRUE(within(f.run(*fast_, c), p, true, "fast " + describe(c, T)));
-}
-
-// The grouped GEMMs' ring variant (KILN_MOE_ACT_RING=1: activation tiles copied several
-// steps ahead) computes the same values as the default one, bit for bit, and stays within
-// the fast-path bound.
-TEST_F(CudaMoe, GemmActivationRingEqualsDefault) {
-  for (const MoeCase& c : {MoeCase{GgmlType::Q4_K, GgmlType::Q6_K, 256, 512, 128, 8, false},
-                           MoeCase{GgmlType::Q8_0, GgmlType::Q8_0, 64, 160, 8, 2, false},
-                           MoeCase{GgmlType::MXFP4, GgmlType::MXFP4, 64, 160, 8, 2, true},
-                           MoeCase{GgmlType::F16, GgmlType::F16, 64, 96, 8, 2, true}})
-    for (const int64_t T : {64, 300}) {
-      const Problem p = make_problem(rng_, c, T);
-      OnBackend f(*fast_, p);
-      const std::vector<float> plain = f.run(*fast_, c);
-      setenv("KILN_MOE_ACT_RING", "1", 1);
-      const std::vector<float> ring = f.run(*fast_, c);
-      unsetenv("KILN_MOE_ACT_RING");
-      EXPECT_TRUE(cuda::testing::all_equal_bits(ring, plain, "ring vs default " + describe(c, T)));
-      EXPECT_TRUE(within(ring, p, true, "ring " + describe(c, T)));
-    }
 }
 
 // An expert id out of range poisons that token's output (NaN), not the others'.

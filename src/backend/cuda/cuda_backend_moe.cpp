@@ -1,8 +1,6 @@
 // The CUDA backend's mixture-of-experts FFN: argument checks on the host, then the routed
 // kernels of moe.h (indexed matvecs for a few tokens and in exact mode, grouped GEMMs for
 // many), recorded like every other op so that decode passes replay as graphs.
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 
 #include "backend/cuda/cuda_backend.h"
@@ -94,9 +92,6 @@ void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor
   // f32 experts (test models) keep f32 products at every batch size, as the dense f32 path does.
   const bool f32_experts = ex.gate.dtype == GgmlType::F32 || ex.down.dtype == GgmlType::F32;
   const bool grouped = !exact && !f32_experts && T > kMoeMatvecMaxTokens && cuda::moe_gemm_fits(a);
-  // KILN_MOE_ACT_RING=1: the grouped GEMMs' ring variant (moe.h), for A/B measurements.
-  const char* ring = std::getenv("KILN_MOE_ACT_RING");
-  a.act_ring = grouped && ring && std::strcmp(ring, "1") == 0;
   const size_t need = grouped ? cuda::moe_gemm_scratch_bytes(a) : cuda::moe_matvec_scratch_bytes(a, exact);
   void* sp = scratch(moe_scratch_, need);
   cuda::SignatureHash sig;
@@ -104,7 +99,7 @@ void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor
   for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &ex.gate, &ex.up, &ex.down, &ex.gate_bias, &ex.up_bias, &ex.down_bias, &ids, &weights, &out}) {
     sig.pod(t->dtype), sig.pod(t->data), sig.bytes(t->ne, sizeof(t->ne)), sig.bytes(t->nb, sizeof(t->nb));
   }
-  sig.pod(act.act), sig.pod(act.alpha), sig.pod(act.limit), sig.pod(sp), sig.pod(grouped), sig.pod(a.act_ring);
+  sig.pod(act.act), sig.pod(act.alpha), sig.pod(act.limit), sig.pod(sp), sig.pod(grouped);
   if (grouped)
     record(sig, T, [=](cudaStream_t s) { return cuda::moe_ffn_gemm(a, sp, need, s); }, "moe_ffn");
   else

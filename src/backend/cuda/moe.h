@@ -57,10 +57,6 @@ struct MoeFfnArgs {
   int64_t out_stride = 0;
   GluKind act = GluKind::Silu;
   float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
-  // Grouped GEMMs only, under evaluation: copy the activation tiles several steps ahead
-  // (x rounded to bf16 at the sorted positions by one more launch) instead of one step
-  // ahead into registers. Same values either way.
-  bool act_ring = false;
 };
 
 // Whether the device kernels take these weight types (f32 f16 bf16 and every type the block

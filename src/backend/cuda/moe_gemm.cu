@@ -40,7 +40,7 @@ struct MoeTile {
 };
 
 struct Routing {
-  int32_t* n_tiles;      // [0]: tiles, [1]: pairs with a valid expert (sorted positions in use)
+  int32_t* n_tiles;
   MoeTile* tiles;
   int32_t* sorted_pair;  // [P]
   int32_t* pos_of_pair;  // [P], -1 for an id out of range
@@ -70,8 +70,7 @@ __global__ void __launch_bounds__(1024) moe_sort_kernel(MoeFfnArgs a, Routing r)
       for (int s = 0; s < counts[e]; s += kTileTokens) r.tiles[n++] = MoeTile{e, offset + s, min(kTileTokens, counts[e] - s), 0};
       offset += counts[e];
     }
-    r.n_tiles[0] = n;
-    r.n_tiles[1] = offset;
+    *r.n_tiles = n;
   }
   __syncthreads();
   for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
@@ -114,19 +113,14 @@ struct RawChunk {
   static constexpr int kPieces = kPitch / 16;
 };
 
-// Activation tiles in flight in the ring variant: each is copied kActRing - 1 steps ahead.
-constexpr int kActRing = 4;
-
-// Dynamic shared memory: [2 raw stages][A tile][B tile, or kActRing of them]; the f32
-// results alias the stages.
-template <typename W, bool kRing = false>
+// Dynamic shared memory: [2 raw stages][A tile][B tile]; the f32 results alias the stages.
+template <typename W>
 struct GemmLayout {
   static constexpr int kStageBytes = kTileRows * RawChunk<W>::kPitch;
   static constexpr int kCBytes = kTileTokens * kLdC * 4;
   static constexpr int kRawBytes = 2 * kStageBytes > kCBytes ? 2 * kStageBytes : kCBytes;
   static constexpr int kABytes = kTileRows * kLdK * 2;
-  static constexpr int kBSlotBytes = kTileTokens * kLdK * 2;
-  static constexpr int kBBytes = kBSlotBytes * (kRing ? kActRing : 1);
+  static constexpr int kBBytes = kTileTokens * kLdK * 2;
   static constexpr int kTotal = kRawBytes + kABytes + kBBytes;
 };
 
@@ -258,111 +252,6 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
   cp_async_wait<0>();
 }
 
-// 16 bytes global -> shared, or 16 zero bytes (nothing read) when `valid` is false.
-__device__ __forceinline__ void cp_async_16_or_zero(void* shared_dst, const void* global_src, bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
-  const int bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global_src), "r"(bytes) : "memory");
-}
-
-// Ring-variant activations: bf16 rows at the tile's sorted positions (x gathered by
-// moe_gather_x_kernel, or h), `width` columns each. Thread -> token tid / 4, 8 columns at
-// (tid % 4) * 8; tokens past the tile's count are zero.
-struct SortedRows {
-  const Bf16* first;  // the row of the tile's first position
-  int64_t width;
-  int count;
-  __device__ void issue(int64_t sub, uint16_t* slot) const {
-    const int tok = threadIdx.x / 4, col = (threadIdx.x % 4) * 8;
-    const bool valid = tok < count;
-    const Bf16* src = first + (valid ? int64_t(tok) * width : 0) + sub * kTileK + col;
-    cp_async_16_or_zero(slot + tok * kLdK + col, src, valid);
-  }
-};
-
-// gemm_tile with the activation tiles copied kActRing - 1 steps ahead by cp.async (v2 loads
-// them one step ahead into registers). Every step commits one group (the next activation
-// tile, and at a chunk's first step the next weight chunk), so "the activations of step s
-// have landed" is "at most kActRing - 2 groups pending". Per step: wait, barrier, issue,
-// decode A, barrier, MMA.
-template <typename W>
-__device__ __forceinline__ void gemm_tile_ring(uint8_t* smem, const uint8_t* const* rows, int64_t K,
-                                               const SortedRows& act, AccFrag (&acc)[2][2]) {
-  using C = RawChunk<W>;
-  using L = GemmLayout<W, true>;
-  constexpr int kChunkSteps = C::kK / kTileK;
-  // A weight chunk must land before its first step: issued kChunkSteps steps earlier, it is
-  // among the groups the wait covers when kChunkSteps >= kActRing - 1; otherwise wait for all.
-  constexpr bool kWaitAllAtChunk = kChunkSteps < kActRing - 1;
-  uint8_t* raw = smem;
-  uint16_t* a_tile = reinterpret_cast<uint16_t*>(smem + L::kRawBytes);
-  uint16_t* b_ring = reinterpret_cast<uint16_t*>(smem + L::kRawBytes + L::kABytes);
-  auto slot = [&](int64_t step) { return b_ring + int(step % kActRing) * (kTileTokens * kLdK); };
-  const int tid = threadIdx.x;
-  const int64_t n_chunks = (K + C::kK - 1) / C::kK, n_steps = K / kTileK;
-  constexpr int64_t kChunkStride = IsPlain<W>::value ? int64_t(C::kK) * W::kBytes : int64_t(C::kK / W::kElems) * W::kBytes;
-
-  auto issue_chunk = [&](int64_t c) {
-    if (c >= n_chunks) return;
-    const int64_t cols = min64(C::kK, K - c * C::kK);
-    const int bytes = IsPlain<W>::value ? int(cols) * W::kBytes : int(cols / W::kElems) * W::kBytes;
-    uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
-    for (int i = tid; i < kTileRows * C::kPieces; i += kGemmThreads) {
-      const int r = i / C::kPieces, piece = i % C::kPieces;
-      if (!rows[r]) continue;
-      const uintptr_t addr = reinterpret_cast<uintptr_t>(rows[r] + c * kChunkStride);
-      if (piece * 16 >= int(addr & 15) + bytes) continue;
-      cp_async_16_stream(stage + r * C::kPitch + 16 * piece,
-                         reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
-    }
-  };
-
-  issue_chunk(0);
-  cp_async_commit();
-  for (int64_t k = 0; k < kActRing - 1; ++k) {
-    if (k < n_steps) act.issue(k, slot(k));
-    cp_async_commit();
-  }
-  const int a_row = tid / 4, a_col = (tid % 4) * 8;
-  for (int64_t step = 0; step < n_steps; ++step) {
-    const int64_t c = step / kChunkSteps;
-    const int in_chunk = int(step % kChunkSteps);
-    if (kWaitAllAtChunk && in_chunk == 0)
-      cp_async_wait<0>();
-    else
-      cp_async_wait<kActRing - 2>();
-    __syncthreads();  // this step's weights and activations are in shared memory for all
-    if (in_chunk == 0) issue_chunk(c + 1);
-    if (step + kActRing - 1 < n_steps) act.issue(step + kActRing - 1, slot(step + kActRing - 1));
-    cp_async_commit();
-    const uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = a_row + 64 * half;
-      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (rows[r]) {
-        const int head = int(reinterpret_cast<uintptr_t>(rows[r] + c * kChunkStride) & 15);
-        decode8_staged<W>(stage + r * C::kPitch + head, in_chunk * kTileK + a_col, v);
-      }
-      *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
-    }
-    __syncthreads();
-    mma_step(reinterpret_cast<const Bf16*>(a_tile), reinterpret_cast<const Bf16*>(slot(step)), acc);
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // the results alias the stages
-}
-
-// Ring variant, gate/up: x rounded to bf16 once per sorted position (the same rounding as
-// GatheredX, so both variants compute the same values).
-__global__ void __launch_bounds__(256) moe_gather_x_kernel(MoeFfnArgs a, Routing rt, Bf16* xs) {
-  const int64_t pos = blockIdx.x;
-  if (pos >= rt.n_tiles[1]) return;
-  const float* src = a.x + int64_t(rt.sorted_pair[pos] / a.n_used) * a.x_stride;
-  Bf16* dst = xs + pos * a.n_embd;
-  for (int64_t i = threadIdx.x; i < a.n_embd; i += blockDim.x) dst[i] = __float2bfloat16_rn(src[i]);
-}
-
 // Activations of gate/up: f32 rows of x gathered by token, rounded to bf16. Thread ->
 // tokens tid / 8 and tid / 8 + 32, 4 columns at (tid % 8) * 4.
 struct GatheredX {
@@ -406,14 +295,12 @@ struct SortedH {
   }
 };
 
-// Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert. xs: the
-// ring variant's bf16 x at the sorted positions.
-template <typename W, bool kRing>
-__global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* xs,
-                                                                        Bf16* h) {
+// Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert.
+template <typename W>
+__global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnArgs a, Routing rt, Bf16* h) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ const uint8_t* rows[kTileRows];
-  if (int(blockIdx.y) >= rt.n_tiles[0]) return;
+  if (int(blockIdx.y) >= *rt.n_tiles) return;
   const MoeTile tile = rt.tiles[blockIdx.y];
   const int64_t row0 = int64_t(blockIdx.x) * (kTileRows / 2);
   const int tid = threadIdx.x;
@@ -421,23 +308,17 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnAr
     const int64_t row = row0 + tid % 64;
     rows[tid] = row < a.n_ff ? matrix_row(tid < 64 ? a.gate : a.up, tile.expert, row) : nullptr;
   }
+  GatheredX act;
+  act.vector = a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int n = tid / 8 + 32 * i;
+    act.rows[i] = n < tile.count ? a.x + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.x_stride : nullptr;
+  }
+  __syncthreads();
   AccFrag acc[2][2];
   zero_acc(acc);
-  if constexpr (kRing) {
-    __syncthreads();
-    gemm_tile_ring<W>(smem, rows, a.n_embd, SortedRows{xs + int64_t(tile.start) * a.n_embd, a.n_embd, tile.count},
-                      acc);
-  } else {
-    GatheredX act;
-    act.vector = a.x_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int n = tid / 8 + 32 * i;
-      act.rows[i] = n < tile.count ? a.x + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.x_stride : nullptr;
-    }
-    __syncthreads();
-    gemm_tile<W>(smem, rows, a.n_embd, act, acc);
-  }
+  gemm_tile<W>(smem, rows, a.n_embd, act, acc);
   float* c = reinterpret_cast<float*>(smem);
   store_acc(c, acc);
   __syncthreads();
@@ -453,26 +334,22 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnAr
 }
 
 // Rows x*128 .. of down of the tile's expert; y (f32, bias added) at the sorted positions.
-template <typename W, bool kRing>
+template <typename W>
 __global__ void __launch_bounds__(kGemmThreads) moe_down_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* h,
                                                                      float* y) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ const uint8_t* rows[kTileRows];
-  if (int(blockIdx.y) >= rt.n_tiles[0]) return;
+  if (int(blockIdx.y) >= *rt.n_tiles) return;
   const MoeTile tile = rt.tiles[blockIdx.y];
   const int64_t row0 = int64_t(blockIdx.x) * kTileRows;
   const int tid = threadIdx.x;
   if (tid < kTileRows) rows[tid] = row0 + tid < a.n_embd ? matrix_row(a.down, tile.expert, row0 + tid) : nullptr;
+  SortedH act;
+  act.row = tid / 4 < tile.count ? h + int64_t(tile.start + tid / 4) * a.n_ff : nullptr;
   __syncthreads();
   AccFrag acc[2][2];
   zero_acc(acc);
-  if constexpr (kRing) {
-    gemm_tile_ring<W>(smem, rows, a.n_ff, SortedRows{h + int64_t(tile.start) * a.n_ff, a.n_ff, tile.count}, acc);
-  } else {
-    SortedH act;
-    act.row = tid / 4 < tile.count ? h + int64_t(tile.start + tid / 4) * a.n_ff : nullptr;
-    gemm_tile<W>(smem, rows, a.n_ff, act, acc);
-  }
+  gemm_tile<W>(smem, rows, a.n_ff, act, acc);
   float* c = reinterpret_cast<float*>(smem);
   store_acc(c, acc);
   __syncthreads();
@@ -508,7 +385,7 @@ size_t gemm_align(size_t v) { return (v + kGemmAlign - 1) / kGemmAlign * kGemmAl
 int64_t max_tiles(const MoeFfnArgs& a) { return (a.n_tokens * a.n_used + kTileTokens - 1) / kTileTokens + a.n_expert; }
 
 struct GemmScratch {
-  size_t n_tiles = 0, tiles = 0, sorted = 0, pos = 0, h = 0, y = 0, xs = 0, total = 0;
+  size_t n_tiles = 0, tiles = 0, sorted = 0, pos = 0, h = 0, y = 0, total = 0;
 };
 
 GemmScratch plan_gemm_scratch(const MoeFfnArgs& a) {
@@ -520,13 +397,12 @@ GemmScratch plan_gemm_scratch(const MoeFfnArgs& a) {
     at += gemm_align(bytes);
     return start;
   };
-  s.n_tiles = take(2 * sizeof(int32_t));
+  s.n_tiles = take(sizeof(int32_t));
   s.tiles = take(size_t(max_tiles(a)) * sizeof(MoeTile));
   s.sorted = take(P * sizeof(int32_t));
   s.pos = take(P * sizeof(int32_t));
   s.h = take(P * size_t(a.n_ff) * sizeof(Bf16));
   s.y = take(P * size_t(a.n_embd) * sizeof(float));
-  if (a.act_ring) s.xs = take(P * size_t(a.n_embd) * sizeof(Bf16));
   s.total = at;
   return s;
 }
@@ -562,44 +438,32 @@ Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cu
   moe_sort_kernel<<<1, 1024, size_t(2 * a.n_expert) * sizeof(int), stream>>>(a, rt);
   if (Status st = launch_status("moe_sort_kernel"); !st.ok()) return st;
 
-  Bf16* xs = nullptr;
-  if (a.act_ring) {
-    xs = reinterpret_cast<Bf16*>(base + s.xs);
-    moe_gather_x_kernel<<<unsigned(a.n_tokens * a.n_used), 256, 0, stream>>>(a, rt, xs);
-    if (Status st = launch_status("moe_gather_x_kernel"); !st.ok()) return st;
-  }
   Status status;
   const unsigned tiles = unsigned(max_tiles(a));
-  // One kernel of each projection per weight type and variant (v2: activations one step
-  // ahead in registers; ring: kActRing - 1 steps ahead by cp.async).
-  auto launch = [&](auto kernel, int smem, dim3 grid, const char* name, auto... args) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess) {
-      status = Status::from_cuda(e, std::string("cudaFuncSetAttribute(") + name + ")");
-      return;
-    }
-    kernel<<<grid, kGemmThreads, smem, stream>>>(args...);
-    status = launch_status(name);
-  };
   visit_moe_format(a.gate.type, [&](auto fmt) {
     using W = decltype(fmt);
+    const int smem = GemmLayout<W>::kTotal;
+    if (cudaError_t e = cudaFuncSetAttribute(moe_gate_up_gemm_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess) {
+      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_gate_up_gemm_kernel)");
+      return;
+    }
     const dim3 grid(unsigned((a.n_ff + 63) / 64), tiles);
-    if (a.act_ring)
-      launch(moe_gate_up_gemm_kernel<W, true>, GemmLayout<W, true>::kTotal, grid, "moe_gate_up_gemm_kernel", a, rt,
-             static_cast<const Bf16*>(xs), h);
-    else
-      launch(moe_gate_up_gemm_kernel<W, false>, GemmLayout<W, false>::kTotal, grid, "moe_gate_up_gemm_kernel", a,
-             rt, static_cast<const Bf16*>(xs), h);
+    moe_gate_up_gemm_kernel<W><<<grid, kGemmThreads, smem, stream>>>(a, rt, h);
+    status = launch_status("moe_gate_up_gemm_kernel");
   });
   if (!status.ok()) return status;
   visit_moe_format(a.down.type, [&](auto fmt) {
     using W = decltype(fmt);
+    const int smem = GemmLayout<W>::kTotal;
+    if (cudaError_t e = cudaFuncSetAttribute(moe_down_gemm_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess) {
+      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_down_gemm_kernel)");
+      return;
+    }
     const dim3 grid(unsigned((a.n_embd + kTileRows - 1) / kTileRows), tiles);
-    if (a.act_ring)
-      launch(moe_down_gemm_kernel<W, true>, GemmLayout<W, true>::kTotal, grid, "moe_down_gemm_kernel", a, rt,
-             static_cast<const Bf16*>(h), y);
-    else
-      launch(moe_down_gemm_kernel<W, false>, GemmLayout<W, false>::kTotal, grid, "moe_down_gemm_kernel", a, rt,
-             static_cast<const Bf16*>(h), y);
+    moe_down_gemm_kernel<W><<<grid, kGemmThreads, smem, stream>>>(a, rt, h, y);
+    status = launch_status("moe_down_gemm_kernel");
   });
   if (!status.ok()) return status;
   const dim3 grid(unsigned((a.n_embd + 255) / 256), unsigned(a.n_tokens));
