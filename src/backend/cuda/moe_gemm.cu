@@ -213,8 +213,7 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
         if (!rows[r]) continue;
         const uintptr_t addr = reinterpret_cast<uintptr_t>(chunk_src(r, c));
         if (piece * 16 >= int(addr & 15) + bytes) continue;
-        cp_async_16_stream(stage + r * C::kPitch + 16 * piece,
-                           reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
+        cp_async_16(stage + r * C::kPitch + 16 * piece, reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
       }
     }
     cp_async_commit();

@@ -73,21 +73,6 @@ bool visit_moe_format(GgmlType type, F&& f) {
   }
 }
 
-// 16 bytes global -> shared (as cp_async_16) for data read once: marked first to leave the
-// L2, so that a stream of expert weights does not push out the activations every block
-// re-reads.
-__device__ __forceinline__ void cp_async_16_stream(void* shared_dst, const void* global_src) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile(
-      "{\n"
-      ".reg .b64 policy;\n"
-      "createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
-      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, policy;\n"
-      "}\n" ::"r"(dst),
-      "l"(global_src)
-      : "memory");
-}
-
 __host__ __device__ inline bool is_plain_type(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
 }
