@@ -348,16 +348,6 @@ TEST_F(CudaMoe, RouteMatchesCpu) {
       }
 }
 
-// More (token, slot) pairs than one grid dimension holds (65535): the matvecs run in rounds.
-TEST_F(CudaMoe, ManyPairsRunInRounds) {
-  const MoeCase c{GgmlType::F32, GgmlType::F32, 32, 32, 8, 8, false};
-  const int64_t T = 8200;  // 65,600 pairs
-  const Problem p = make_problem(rng_, c, T);
-  OnBackend e(*exact_, p), f(*fast_, p);
-  EXPECT_TRUE(within(e.run(*exact_, c), p, false, "exact " + describe(c, T)));
-  EXPECT_TRUE(within(f.run(*fast_, c), p, true, "fast " + describe(c, T)));
-}
-
 // An expert id out of range poisons that token's output (NaN), not the others'.
 TEST_F(CudaMoe, BadExpertIdGivesNan) {
   const MoeCase c{GgmlType::Q8_0, GgmlType::Q8_0, 64, 96, 8, 2, false};

@@ -13,9 +13,7 @@ namespace {
 
 // Up to this many tokens the indexed matvecs run (int8 dot products, each pair's expert rows
 // read once); above, the grouped GEMMs (each expert's rows read once per 64 of its tokens).
-// On an H200 with Qwen3-30B-A3B's experts the matvecs cost ~16 us per token (63 us at T=4)
-// and the GEMMs ~0.9 ms whatever the batch (T=64 as T=512): they cross near T=50.
-constexpr int64_t kMoeMatvecMaxTokens = 32;
+constexpr int64_t kMoeMatvecMaxTokens = 16;
 
 void require_moe_f32(const Tensor& t, const char* what) {
   KILN_CHECK(!t.empty(), "cuda moe_ffn: {} is missing", what);

@@ -328,12 +328,6 @@ Status quantize_rows(const float* x, int64_t stride, int64_t n, int64_t rows, in
   return launch_status("moe_quantize_rows_kernel");
 }
 
-// Tokens per round of launches: the pairs of a round index grid.y (at most 65535).
-int64_t matvec_round_tokens(const MoeFfnArgs& a) {
-  const int64_t most = a.n_used > 0 ? 65535 / a.n_used : 1;
-  return a.n_tokens < most ? a.n_tokens : most;
-}
-
 }  // namespace detail
 
 bool moe_supports(GgmlType gate_up, GgmlType down) {
@@ -344,9 +338,7 @@ bool moe_supports(GgmlType gate_up, GgmlType down) {
 size_t moe_matvec_scratch_bytes(const MoeFfnArgs& a, bool exact) {
   const bool q8_gate_up = !exact && !detail::is_plain_type(a.gate.type);
   const bool q8_down = !exact && !detail::is_plain_type(a.down.type);
-  MoeFfnArgs round = a;
-  round.n_tokens = detail::matvec_round_tokens(a);
-  return detail::plan_scratch(round, q8_gate_up, q8_down).total;
+  return detail::plan_scratch(a, q8_gate_up, q8_down).total;
 }
 
 Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
@@ -356,21 +348,9 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
                            std::string(type_name(a.up.type)) + ", down " + std::string(type_name(a.down.type)) +
                            " are not supported (gate and up must share a type; types: f32 f16 bf16 " +
                            kQuantFormatNames + ")");
-  if (a.n_tokens <= 0 || a.n_used <= 0 || a.n_used > 65535 || a.n_embd <= 0 || a.n_ff <= 0)
+  if (a.n_tokens <= 0 || a.n_used <= 0 || a.n_tokens * a.n_used > 65535 || a.n_embd <= 0 || a.n_ff <= 0)
     return Status::invalid("moe_ffn: " + std::to_string(a.n_tokens) + " tokens x " + std::to_string(a.n_used) +
-                           " slots, " + std::to_string(a.n_embd) + " -> " + std::to_string(a.n_ff) +
-                           " is not a problem the indexed matvecs take");
-  // More pairs than a grid dimension holds: rounds of whole tokens, one after the other.
-  if (const int64_t round = matvec_round_tokens(a); round < a.n_tokens) {
-    for (int64_t t0 = 0; t0 < a.n_tokens; t0 += round) {
-      MoeFfnArgs r = a;
-      r.n_tokens = a.n_tokens - t0 < round ? a.n_tokens - t0 : round;
-      r.x += t0 * a.x_stride, r.ids += t0 * a.ids_stride;
-      r.weights += t0 * a.weights_stride, r.out += t0 * a.out_stride;
-      if (Status st = moe_ffn_matvec(r, exact, scratch, scratch_bytes, stream); !st.ok()) return st;
-    }
-    return Status();
-  }
+                           " slots is outside 1..65535 pairs for the indexed matvecs");
   const bool q8_gate_up = !exact && !is_plain_type(a.gate.type);
   const bool q8_down = !exact && !is_plain_type(a.down.type);
   const MatvecScratch s = plan_scratch(a, q8_gate_up, q8_down);
