@@ -1,7 +1,6 @@
 // Row-wise and elementwise ops of the CUDA backend (ops_extra.h): add / scale / soft-cap /
 // sigmoid gate, softmax, gated RMS norm, KV-cache stores, and the mixture-of-experts
-// routing and combine. v1 kernels: one block per row, f32 arithmetic (routing: one warp per
-// token).
+// routing and combine. v1 kernels: one block per row, f32 arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -95,73 +94,37 @@ __global__ void kv_store_kernel(KvStoreArgs a) {
   for (int64_t i = first; i < a.v_width; i += step) store_element(cache_v + i, a.v[t * a.v_stride + i]);
 }
 
-// One warp per token. Lane i holds experts i, i + 32, ... (at most kRouteMaxPerLane each),
-// their scores computed once; then k rounds of "largest not yet taken" across the warp, the
-// lower expert index winning ties -- the order of the CPU's stable sort. (v1 ran one thread
-// per token and recomputed every score in every round: ~0.1-0.2 ms per call for 128 experts.)
-constexpr int kRouteMaxPerLane = 16;  // n_expert <= 512
-constexpr int kRouteWarps = 4;
-
-__device__ __forceinline__ double warp_sum_double(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(detail::kFullMask, v, offset);
-  return v;
-}
-
-__global__ void __launch_bounds__(kRouteWarps * kWarpSize) moe_route_kernel(MoeRouteArgs a) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t t = int64_t(blockIdx.x) * kRouteWarps + threadIdx.x / kWarpSize;
-  if (t >= a.n_tokens) return;  // whole warps leave together
+// One thread per token: n_expert is small (<= a few hundred), k smaller still.
+__global__ void moe_route_kernel(MoeRouteArgs a) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= a.n_tokens) return;
   const float* l = a.logits + t * a.logits_stride;
-  float logit[kRouteMaxPerLane];
-  float m = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < kRouteMaxPerLane; ++i) {
-    const int64_t e = lane + int64_t(kWarpSize) * i;
-    logit[i] = e < a.n_expert ? l[e] : -INFINITY;
-    m = fmaxf(m, logit[i]);
-  }
-  m = detail::warp_max(m);
-  double sum = 0;
-  if (a.gating == 0) {
-#pragma unroll
-    for (int i = 0; i < kRouteMaxPerLane; ++i)
-      if (lane + int64_t(kWarpSize) * i < a.n_expert) sum += exp(double(logit[i] - m));
-    sum = warp_sum_double(sum);
-  }
-  float score[kRouteMaxPerLane], choose[kRouteMaxPerLane];
-#pragma unroll
-  for (int i = 0; i < kRouteMaxPerLane; ++i) {
-    const int64_t e = lane + int64_t(kWarpSize) * i;
-    const float v = logit[i];
-    score[i] = a.gating == 0 ? float(exp(double(v - m)) / sum) : a.gating == 1 ? 1.0f / (1.0f + expf(-v)) : v;
-    choose[i] = score[i] + (a.selection_bias && e < a.n_expert ? a.selection_bias[e] : 0.0f);
-  }
   int32_t* ids = a.ids + t * a.ids_stride;
   float* w = a.weights + t * a.weights_stride;
-  uint32_t taken = 0;  // bit i: this lane's expert lane + 32 i is chosen
+  float m = -INFINITY;
+  for (int64_t e = 0; e < a.n_expert; ++e) m = fmaxf(m, l[e]);
+  double sum = 0;
+  if (a.gating == 0)
+    for (int64_t e = 0; e < a.n_expert; ++e) sum += exp(double(l[e] - m));
+  auto score = [&](int64_t e) -> float {
+    if (a.gating == 0) return float(exp(double(l[e] - m)) / sum);
+    if (a.gating == 1) return 1.0f / (1.0f + expf(-l[e]));
+    return l[e];
+  };
+  // k passes of "largest not yet taken" (stable: the first of equals wins).
   for (int j = 0; j < a.n_used; ++j) {
-    int best = -1;  // this lane's candidate
-    float best_choice = 0.0f, best_score = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRouteMaxPerLane; ++i) {
-      const int e = lane + kWarpSize * i;
-      if (e >= a.n_expert || ((taken >> i) & 1u)) continue;
-      if (best < 0 || choose[i] > best_choice) best = e, best_choice = choose[i], best_score = score[i];
+    int64_t best = -1;
+    float best_choice = 0.0f;
+    for (int64_t e = 0; e < a.n_expert; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
+      if (taken) continue;
+      const float c = score(e) + (a.selection_bias ? a.selection_bias[e] : 0.0f);
+      if (best < 0 || c > best_choice) best = e, best_choice = c;
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const int other = __shfl_xor_sync(detail::kFullMask, best, offset);
-      const float other_choice = __shfl_xor_sync(detail::kFullMask, best_choice, offset);
-      const float other_score = __shfl_xor_sync(detail::kFullMask, best_score, offset);
-      const bool better = other >= 0 && (best < 0 || other_choice > best_choice ||
-                                         (other_choice == best_choice && other < best));
-      if (better) best = other, best_choice = other_choice, best_score = other_score;
-    }
-    if (best % kWarpSize == lane) taken |= 1u << (best / kWarpSize);
-    if (lane == 0) ids[j] = best, w[j] = best_score;
+    ids[j] = int32_t(best);
+    w[j] = score(best);
   }
-  if (lane != 0) return;
   if (a.gating == 2) {
     const float top = w[0];
     double s = 0;
@@ -234,13 +197,8 @@ Status kv_store(const KvStoreArgs& a, cudaStream_t stream) {
 Status moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
   if (a.n_used <= 0 || a.n_used > a.n_expert)
     return Status::invalid("moe_route: " + std::to_string(a.n_used) + " experts used of " + std::to_string(a.n_expert));
-  constexpr int kMaxExperts = detail::kWarpSize * rows_detail::kRouteMaxPerLane;
-  if (a.n_expert > kMaxExperts)
-    return Status::invalid("moe_route: " + std::to_string(a.n_expert) + " experts; at most " +
-                           std::to_string(kMaxExperts) + " are supported");
   if (a.n_tokens <= 0) return Status();
-  const unsigned grid = unsigned((a.n_tokens + rows_detail::kRouteWarps - 1) / rows_detail::kRouteWarps);
-  rows_detail::moe_route_kernel<<<grid, rows_detail::kRouteWarps * detail::kWarpSize, 0, stream>>>(a);
+  rows_detail::moe_route_kernel<<<unsigned((a.n_tokens + 63) / 64), 64, 0, stream>>>(a);
   return launch_status("moe_route_kernel");
 }
 
