@@ -3,13 +3,16 @@
 // matmul_avx512.cpp / matmul_avx2.cpp (declared in matmul_kernels.h).
 //
 // Paths:
+// Activations of the int8 paths are quantized once per call to ggml's q8 format for the
+// weight type (activation_type(); matmul_q8.h), byte for byte as ggml quantizes them.
+//
 // - decode (n_tokens <= kDecodeMaxTokens): rows split over threads; each row is read once
 //   and dotted with every token. On AVX-512 VNNI, q4_0 q4_1 q5_0 q5_1 iq4_nl q8_0 q4_K q5_K q6_K
 //   use direct int8 kernels with the activations quantized once per call; other types
 //   dequantize a row to f32 (or read f32 / f16 / bf16 directly) and take f32 dot products.
 //   On AVX2, q4_0 and q8_0 have int8 kernels (maddubs).
-// - prefill, integer weight types on AVX-512 VNNI: activations quantized once into 16-token
-//   int8 panels; each tile of 8 weight rows is unpacked once to int8 and multiplied with
+// - prefill, integer weight types on AVX-512 VNNI: activations quantized once and laid out
+//   in 16-token int8 panels; each tile of 8 weight rows is unpacked once to int8 and multiplied with
 //   every panel (vpdpbusd).
 // - prefill otherwise (float types; any type on AVX2): tiles of 8 rows dequantized to f32,
 //   multiplied with f32 token panels (FMA).
@@ -151,13 +154,19 @@ DecodeKernel int8_decode_kernel(GgmlType type) {
 
 void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
   thread_local Scratch act_buf;
+  const GgmlType act = activation_type(a.type);
   const int64_t n_quads = a.cols / 128;
   const size_t q_bytes = align64(size_t(n_quads) * 128), lane_bytes = size_t(n_quads) * 64;
-  const size_t per_token = q_bytes + kDecodeLaneArrays * lane_bytes;
+  const size_t block_bytes = align64(*row_bytes(act, a.cols));
+  const size_t per_token = block_bytes + q_bytes + kDecodeLaneArrays * lane_bytes;
   auto* base = act_buf.get<uint8_t>(per_token * size_t(a.n_tokens));
   DecodeToken tokens[kDecodeMaxTokens];
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     uint8_t* p = base + per_token * size_t(t);
+    const float* x = a.x + t * a.x_stride;
+    avx512::quantize_activations(act, x, a.cols, p);
+    const void* blocks = p;
+    p += block_bytes;
     DecodeToken& tk = tokens[t];
     tk.q = reinterpret_cast<int8_t*>(p);
     p += q_bytes;
@@ -166,7 +175,7 @@ void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
     tk.bias_hi = reinterpret_cast<int32_t*>(p + 2 * lane_bytes);
     tk.dx = reinterpret_cast<float*>(p + 3 * lane_bytes);
     tk.neg_dx_sum = reinterpret_cast<float*>(p + 4 * lane_bytes);
-    avx512::prepare_decode_token(a.x + t * a.x_stride, a.cols, avx512::decode_bias_shift(a.type), tk);
+    avx512::prepare_decode_token(blocks, act, x, a.cols, avx512::decode_bias_shift(a.type), tk);
   }
   const size_t row_bytes_exact = *row_bytes(a.type, a.cols);
   parallel_chunks(pool, a.rows, 32, [&](int64_t begin, int64_t end) {
@@ -285,12 +294,21 @@ void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
 void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
   const int64_t n_groups = (a.n_tokens + 15) / 16;
   const int64_t n_blocks = a.cols / 32;
-  thread_local Scratch panel_buf;
+  const GgmlType act = activation_type(a.type);
+  const size_t token_bytes = align64(*row_bytes(act, a.cols));
+  thread_local Scratch panel_buf, act_buf;
   auto* panel = panel_buf.get<Int8PanelBlock>(size_t(n_groups * n_blocks));
+  auto* blocks = act_buf.get<uint8_t>(token_bytes * size_t(n_groups * 16));
   parallel_chunks(pool, n_groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const int n = int(std::min<int64_t>(16, a.n_tokens - g * 16));
-      avx512::prepare_int8_panel(a.x + g * 16 * a.x_stride, a.x_stride, n, a.cols, panel + g * n_blocks);
+      const void* token_blocks[16];
+      for (int t = 0; t < n; ++t) {
+        uint8_t* dst = blocks + token_bytes * size_t(g * 16 + t);
+        avx512::quantize_activations(act, a.x + (g * 16 + t) * a.x_stride, a.cols, dst);
+        token_blocks[t] = dst;
+      }
+      avx512::prepare_int8_panel(token_blocks, act, n, a.cols, panel + g * n_blocks);
     }
   });
   const int64_t wgroups = a.cols / layout.group;  // affine groups per weight row
@@ -341,6 +359,24 @@ void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
 
 }  // namespace
 
+GgmlType activation_type(GgmlType weight_type) {
+  switch (weight_type) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+    case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL: return GgmlType::Q8_0;
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1: return GgmlType::Q8_1;
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS: return GgmlType::Q8_K;
+    default: return GgmlType::F32;
+  }
+}
+
 SimdLevel best_simd_level() {
   const CpuFeatures& f = cpu_features();
   if (f.avx512) return SimdLevel::Avx512;
@@ -361,7 +397,7 @@ void matmul(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
     }
     return decode_rows(a, pool, level);
   }
-  if (vnni) {
+  if (vnni && activation_type(a.type) != GgmlType::F32) {
     const Int8Layout layout = int8_layout(a.type);
     if (layout.group != 0) return prefill_int8(a, pool, layout);
   }
@@ -376,7 +412,7 @@ bool quantizes_activations(GgmlType type, int64_t n_tokens, SimdLevel level) {
   const bool vnni = level == SimdLevel::Avx512 && cpu_features().avx512_vnni;
   if (n_tokens <= kDecodeMaxTokens)
     return vnni ? int8_decode_kernel(type) != nullptr : avx2_decode_kernel(type) != nullptr;
-  return vnni && int8_layout(type).group != 0;
+  return vnni && int8_layout(type).group != 0 && activation_type(type) != GgmlType::F32;
 }
 
 }  // namespace kiln::cpu

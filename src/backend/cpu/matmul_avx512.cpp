@@ -17,7 +17,6 @@
 
 namespace kiln::cpu::avx512 {
 using detail::q4k_scales_mins;
-using detail::quantize_block32;
 using detail::tail_mask16;
 
 // ---- float dot products (decode of f32 / f16 / bf16 weights) ----------------------------
@@ -146,25 +145,6 @@ void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_
 }
 
 // ---- int8 prefill ---------------------------------------------------------------------------
-
-void prepare_int8_panel(const float* x, int64_t x_stride, int n_tokens, int64_t cols, Int8PanelBlock* panel) {
-  const int64_t nb = cols / 32;
-  for (int64_t b = 0; b < nb; ++b) {
-    Int8PanelBlock& p = panel[b];
-    for (int t = 0; t < 16; ++t) {
-      alignas(64) int8_t q[32] = {};
-      int32_t lo = 0, hi = 0;
-      float dx = 0;
-      if (t < n_tokens) dx = quantize_block32(x + t * x_stride + 32 * b, q, &lo, &hi);
-      for (int c = 0; c < 8; ++c)
-        for (int e = 0; e < 4; ++e) p.u[c][4 * t + e] = uint8_t(q[4 * c + e] + 128);
-      p.dx[t] = dx;
-      p.dx_sum_lo[t] = dx * float(lo);
-      p.dx_sum_hi[t] = dx * float(hi);
-      p.dx_sum_all[t] = dx * float(lo + hi);
-    }
-  }
-}
 
 namespace {
 

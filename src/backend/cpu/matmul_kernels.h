@@ -15,8 +15,8 @@
 
 namespace kiln::cpu {
 
-// One token's activations for the decode kernels. Blocks of 32 are quantized symmetrically
-// (value = dx * q, q in -127..127) and grouped in quads of 4 blocks (128 elements) whose
+// One token's activations for the decode kernels: its q8 blocks (matmul_q8.h; value =
+// dx * q, q in -127..127) rearranged per 32-element block, in quads of 4 blocks (128 elements) whose
 // bytes are reordered to [b0[0..15] b1[0..15] b2[0..15] b3[0..15] b0[16..31] ... b3[16..31]],
 // the order in which the 4-bit formats hold their nibbles. Per quad, 16 lanes of 4 bytes:
 // lane L belongs to block L / 4, and each per-lane array holds, in every lane of a block:
@@ -24,9 +24,12 @@ namespace kiln::cpu {
 // start: the shift is chosen per weight type), `bias_lo` / `bias_hi` = -sum << 3 over the
 // block's 16 elements in the first / second 64 bytes (q6_K's zero point 32), `dx`, and
 // `neg_dx_sum` = -dx * sum(q) / 4 (so that the 4 lanes of a block add up to -dx * sum, for
-// the min terms). Columns past the last whole quad are left to the kernel's f32 tail.
+// the min terms; dx_sum is s for q8_1). Columns past the last whole quad are read by the
+// kernels' scalar tail from `blocks`.
 struct DecodeToken {
-  const float* x = nullptr;  // the f32 activations (for the tail past the last quad)
+  const float* x = nullptr;  // the f32 activations
+  GgmlType act = GgmlType::Q8_0;  // the format of `blocks`
+  const void* blocks = nullptr;   // the token's q8 blocks
   int64_t n_quads = 0;
   int8_t* q = nullptr;         // n_quads * 128
   int32_t* bias = nullptr;     // n_quads * 16 each
@@ -39,7 +42,8 @@ inline constexpr int kDecodeLaneArrays = 5;  // the per-lane arrays above, 64 by
 
 // 16 tokens' activations for one 32-element block, for the VNNI prefill kernel:
 // u[c][4 * t + e] = q[t][4c + e] + 128 (unsigned), dx[t] the block scale of token t,
-// dx_sum_lo / hi / all[t] = dx[t] * sum(q[t]) over elements 0..15 / 16..31 / 0..31.
+// dx_sum_lo / hi[t] = dx[t] * sum(q[t]) over elements 0..15 / 16..31, dx_sum_all[t] the
+// block's dx_sum (Q8View: s for q8_1, else dx * sum over 0..31).
 struct alignas(64) Int8PanelBlock {
   uint8_t u[8][64];
   float dx[16];
@@ -75,9 +79,14 @@ void panel_f32_pair(const float* w, int64_t w_stride, int rows, int64_t k_len, c
                     const float* panel1, float* acc0, float* acc1);
 void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_t cols, float* panel);
 
-// Quantizes one token for the decode kernels (storage of `out` set by the caller), with the
-// bias shift that decode_bias_shift() gives for the weight type.
-void prepare_decode_token(const float* x, int64_t cols, int bias_shift, DecodeToken& out);
+// Quantizes `cols` activations to the q8 format `act` (Q8_0, Q8_1 or Q8_K; matmul_q8.h):
+// the same bytes as quant/'s reference quantizers.
+void quantize_activations(GgmlType act, const float* x, int64_t cols, void* blocks);
+// Lays out one token's q8 blocks (of format `act`, quantized from x) for the decode kernels
+// (storage of `out` set by the caller), with the bias shift that decode_bias_shift() gives
+// for the weight type.
+void prepare_decode_token(const void* blocks, GgmlType act, const float* x, int64_t cols, int bias_shift,
+                          DecodeToken& out);
 int decode_bias_shift(GgmlType type);
 // y[t * y_stride + r] for rows [r0, r1) over the whole quads; the caller adds the tail.
 void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
@@ -99,8 +108,10 @@ void decode_q5_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, con
 void decode_q6_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const DecodeToken* tokens,
                  int n_tokens, float* y, int64_t y_stride);
 
-// int8 prefill: panel for up to 16 tokens (missing tokens are zero), `cols` / 32 blocks.
-void prepare_int8_panel(const float* x, int64_t x_stride, int n_tokens, int64_t cols, Int8PanelBlock* panel);
+// int8 prefill: panel of `cols` / 32 blocks for up to 16 tokens (missing tokens are
+// zero) from each token's q8 blocks of format `act`.
+void prepare_int8_panel(const void* const* token_blocks, GgmlType act, int n_tokens, int64_t cols,
+                        Int8PanelBlock* panel);
 // acc[r * 16 + t] (+)= the product of tile rows r < rows (<= kInt8TileRows) over blocks [b0, b1).
 void panel_int8(const Int8Tile& tile, int rows, int64_t b0, int64_t b1, const Int8PanelBlock* panel,
                 float* acc, bool accumulate);
@@ -116,8 +127,9 @@ void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t
                        int64_t bias_stride);
 }  // namespace avx512
 
-// One token for the AVX2 decode kernels: int8 per 32-block in natural order, as ggml's
-// q8_0 but with an f32 scale. value = dx[b] * q[32 b + j]; sum[b] = sum of the block's q.
+// One token for the AVX2 decode kernels: ggml's q8_0 (matmul_q8.h) unpacked to arrays:
+// int8 per 32-block in natural order, value = dx[b] * q[32 b + j] with dx the f16-rounded
+// block scale; sum[b] = sum of the block's q.
 struct Q8Token {
   int8_t* q = nullptr;
   float* dx = nullptr;
@@ -125,7 +137,8 @@ struct Q8Token {
 };
 
 namespace avx2 {
-// Quantizes one token (cols a multiple of 32; storage of `out` set by the caller).
+// Quantizes one token as q8_0 (cols a multiple of 32; storage of `out` set by the caller):
+// the same levels and scales as quant/'s reference q8_0 quantizer.
 void prepare_q8_token(const float* x, int64_t cols, Q8Token& out);
 // y[t * y_stride + r] for rows [r0, r1): q4_0 / q8_0 weights (rows of row_bytes).
 void decode_q4_0(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const Q8Token* tokens, int n_tokens,
