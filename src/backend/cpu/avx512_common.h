@@ -12,6 +12,15 @@ namespace kiln::cpu::avx512::detail {
 
 inline __mmask16 tail_mask16(int64_t n) { return __mmask16((1u << n) - 1); }
 
+// One line of a Prefetch, into L2.
+inline void prefetch_step(Prefetch& pf) {
+  if (pf.lines > 0) {
+    _mm_prefetch(reinterpret_cast<const char*>(pf.next), _MM_HINT_T1);
+    pf.next += 64;
+    --pf.lines;
+  }
+}
+
 // The 8 six-bit scales and 8 mins of a q4_K super-block (12 packed bytes at `packed`, which
 // may be read 16 bytes wide), as 16 bytes: scales in 0..7, mins in 8..15.
 inline __m128i q4k_scales_mins(const uint8_t* packed) {

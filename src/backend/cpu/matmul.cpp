@@ -232,6 +232,7 @@ void decode_int8_avx2(const MatmulArgs& a, ThreadPool& pool, Avx2DecodeKernel ke
 // pages cost more than the kernel's arithmetic for small tiles).
 void store_tile(const MatmulArgs& a, const float* acc, int lanes, int64_t row0, int rows, int64_t tok0) {
   const int n = int(std::min<int64_t>(lanes, a.n_tokens - tok0));
+  if (lanes == 16 && rows == 8) return avx512::store_rows8(acc, n, a.y + tok0 * a.y_stride + row0, a.y_stride);
   float run[16];
   for (int t = 0; t < n; ++t) {
     for (int r = 0; r < rows; ++r) run[r] = acc[r * lanes + t];
@@ -239,6 +240,17 @@ void store_tile(const MatmulArgs& a, const float* acc, int lanes, int64_t row0, 
     if (rows == 8) std::memcpy(dst, run, 8 * sizeof(float));  // fixed size: inlined, no call
     else std::memcpy(dst, run, sizeof(float) * size_t(rows));
   }
+}
+
+// Part `part` of `parts` of the weight bytes of tile `next` (kTileRows rows), for the
+// kernels to prefetch while they work on the tile before it; nothing past `end`, the
+// calling thread's last tile.
+Prefetch next_tile_share(const MatmulArgs& a, int64_t next, int64_t end, int64_t part, int64_t parts) {
+  if (next >= end) return {};
+  const int64_t row0 = next * kTileRows, rows = std::min<int64_t>(kTileRows, a.rows - row0);
+  const int64_t lines = (int64_t(a.w_row_bytes) * rows + 63) / 64, share = (lines + parts - 1) / parts;
+  const int64_t first = std::min(lines, part * share);
+  return {weight_row(a, row0) + 64 * first, std::min(share, lines - first)};
 }
 
 void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
@@ -276,9 +288,10 @@ void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
       }
       int64_t g = 0;
       if (wide) {  // two token panels per pass
+        const int64_t pairs = n_groups / 2;
         for (; g + 2 <= n_groups; g += 2) {
           avx512::panel_f32_pair(w, w_stride, rows, a.cols, panel + g * group_floats, panel + (g + 1) * group_floats,
-                                 acc, acc2);
+                                 acc, acc2, next_tile_share(a, tile_index + 1, t1, g / 2, pairs));
           store_tile(a, acc, lanes, row0, rows, g * lanes);
           store_tile(a, acc2, lanes, row0, rows, (g + 1) * lanes);
         }
@@ -336,9 +349,8 @@ void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
         // Row r's maps are every kInt8TileRows-th entry of the tile's arrays, from entry r.
         const int64_t tile_stride = 32 * kInt8TileRows;
         const Int8Row direct{tile_q + 32 * r, tile_scale + r, tile_offset + r, qsum, kInt8TileRows};
-        if (avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, direct, tile_stride)) {
-          avx512::group_bias_blocks(direct.q, tile_stride, layout.group, wgroups, tile_bias + r, kInt8TileRows);
-        } else {
+        if (!avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, direct, tile_stride, tile_bias + r,
+                                          kInt8TileRows)) {
           unpack_int8_row(a.type, weight_row(a, row0 + r), a.cols, {q_row, scale, offset, qsum});
           avx512::group_bias(q_row, layout.group, wgroups, bias);
           for (int64_t b = 0; b < n_blocks; ++b) std::memcpy(direct.q + b * tile_stride, q_row + 32 * b, 32);
@@ -350,7 +362,8 @@ void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
         }
       }
       for (int64_t g = 0; g < n_groups; ++g) {
-        avx512::panel_int8(tile, rows, 0, n_blocks, panel + g * n_blocks, acc, false);
+        avx512::panel_int8(tile, rows, 0, n_blocks, panel + g * n_blocks, acc, false,
+                           next_tile_share(a, tile_index + 1, t1, g, n_groups));
         store_tile(a, acc, 16, row0, rows, g * 16);
       }
     }

@@ -65,6 +65,14 @@ struct Int8Tile {
   int group;            // 16 or 32
 };
 
+// Weight bytes the next prefill tile will read, fetched into L2 a line or two per step of
+// a kernel's loop while the kernel computes: otherwise they arrive from memory during the
+// next tile's unpack, where nothing overlaps the wait.
+struct Prefetch {
+  const uint8_t* next = nullptr;
+  int64_t lines = 0;  // 64-byte lines left to fetch
+};
+
 namespace avx512 {
 float dot_f32(const float* a, const float* b, int64_t n);
 float dot_f16(const void* w, const float* x, int64_t n);
@@ -75,8 +83,9 @@ float dot_bf16(const void* w, const float* x, int64_t n);
 void panel_f32(const float* w, int64_t w_stride, int rows, int64_t k_len, const float* panel,
                float* acc, bool accumulate);
 // Two panels at once (acc0 / acc1 overwritten): each weight broadcast serves 32 tokens.
+// Fetches `pf` along the way.
 void panel_f32_pair(const float* w, int64_t w_stride, int rows, int64_t k_len, const float* panel0,
-                    const float* panel1, float* acc0, float* acc1);
+                    const float* panel1, float* acc0, float* acc1, Prefetch pf);
 void transpose_tokens_f32(const float* x, int64_t x_stride, int n_tokens, int64_t cols, float* panel);
 
 // Quantizes `cols` activations to the q8 format `act` (Q8_0, Q8_1 or Q8_K; matmul_q8.h):
@@ -112,19 +121,20 @@ void decode_q6_K(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, con
 // zero) from each token's q8 blocks of format `act`.
 void prepare_int8_panel(const void* const* token_blocks, GgmlType act, int n_tokens, int64_t cols,
                         Int8PanelBlock* panel);
-// acc[r * 16 + t] (+)= the product of tile rows r < rows (<= kInt8TileRows) over blocks [b0, b1).
+// acc[r * 16 + t] (+)= the product of tile rows r < rows (<= kInt8TileRows) over blocks
+// [b0, b1). Fetches `pf` along the way.
 void panel_int8(const Int8Tile& tile, int rows, int64_t b0, int64_t b1, const Int8PanelBlock* panel,
-                float* acc, bool accumulate);
+                float* acc, bool accumulate, Prefetch pf);
 // SIMD unpackers for the hot types (same results as unpack_int8_row); false = not here.
 // 32-element block i of q goes to out.q + i * block_stride (32: a plain row; 32 *
-// kInt8TileRows: straight into a block-major Int8Tile).
-bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out, int64_t block_stride);
+// kInt8TileRows: straight into a block-major Int8Tile); the bias of group g (-128 * sum of
+// its q, as group_bias) to bias[g * bias_stride]. out.qsum is not written.
+bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out, int64_t block_stride,
+                          int32_t* bias, int64_t bias_stride);
+// acc[r * 16 + t] (8 rows x 16 tokens) to y[t * y_stride + r] for t < n_tokens.
+void store_rows8(const float* acc, int n_tokens, float* y, int64_t y_stride);
 // bias[g] = -128 * sum of group g of q (`group` elements each), q a plain row.
 void group_bias(const int8_t* q, int group, int64_t n_groups, int32_t* bias);
-// The same with the 32-element blocks of q at `block_stride` bytes from each other, and
-// bias[g * bias_stride].
-void group_bias_blocks(const int8_t* q, int64_t block_stride, int group, int64_t n_groups, int32_t* bias,
-                       int64_t bias_stride);
 }  // namespace avx512
 
 // One token for the AVX2 decode kernels: ggml's q8_0 (matmul_q8.h) unpacked to arrays:
