@@ -291,6 +291,51 @@ inline void half_sums_u8(__m256i u, int32_t* lo, int32_t* hi) {
   *hi = _mm_cvtsi128_si32(_mm_add_epi32(b, _mm_unpackhi_epi64(b, b)));
 }
 
+// q4_0, four blocks (72 bytes) at a time: word permutations of two loads (at bytes 0 and
+// 8) gather the four blocks' 16 nibble bytes and their scales.
+struct Q4_0Quad {
+  __m512i qs, d;
+  Q4_0Quad() {
+    auto word = [](int byte) { return uint16_t(byte + 1 < 64 ? byte / 2 : 32 + (byte - 8) / 2); };
+    alignas(64) uint16_t q[32], dd[32] = {};
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 8; ++j) q[8 * i + j] = word(18 * i + 2 + 2 * j);
+      dd[i] = word(18 * i);
+    }
+    qs = _mm512_load_si512(q);
+    d = _mm512_load_si512(dd);
+  }
+};
+
+// Blocks [4 * quad, 4 * quad + 4) of a q4_0 row to the tile, biases and scales.
+inline void unpack_q4_0_quad(const Q4_0Quad& idx, const uint8_t* src, int64_t quad, const Int8Row& out,
+                             int64_t block_stride, int32_t* bias, int64_t bias_stride) {
+  const uint8_t* p = src + quad * 4 * sizeof(BlockQ4_0);
+  const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 8);
+  const __m512i nib = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const __m512i v = _mm512_permutex2var_epi16(a, idx.qs, b);  // 128-bit lane i: block i's qs
+  const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+  // Block i = [low nibbles, high nibbles] of lane i.
+  const __m512i b01 = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
+  const __m512i b23 = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi);
+  int8_t* q = out.q + 4 * quad * block_stride;
+  const __m512i q01 = _mm512_sub_epi8(b01, eight), q23 = _mm512_sub_epi8(b23, eight);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm512_castsi512_si256(q01));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + block_stride), _mm512_extracti64x4_epi64(q01, 1));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 2 * block_stride), _mm512_castsi512_si256(q23));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 3 * block_stride), _mm512_extracti64x4_epi64(q23, 1));
+  // Sums of the nibbles per block: psadbw gives 2 per 16 bytes, so 4 per block.
+  __m512i t = _mm512_add_epi64(_mm512_sad_epu8(lo, _mm512_setzero_si512()), _mm512_sad_epu8(hi, _mm512_setzero_si512()));
+  t = _mm512_add_epi64(t, _mm512_shuffle_epi32(t, _MM_PERM_BADC));  // 64-bit lanes 0, 2, 4, 6
+  const __m128i sums = _mm256_castsi256_si128(_mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(0x55, t)));
+  const __m128i bias4 = _mm_mullo_epi32(_mm_sub_epi32(sums, _mm_set1_epi32(8 * 32)), _mm_set1_epi32(-128));
+  const __m128 scale4 = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, idx.d, b)));
+  const __m128i at = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32(int32_t(bias_stride)));
+  _mm_i32scatter_epi32(bias + 4 * quad * bias_stride, at, bias4, 4);
+  const __m128i at_map = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32(int32_t(out.map_stride)));
+  _mm_i32scatter_ps(out.scale + 4 * quad * out.map_stride, at_map, scale4, 4);
+}
+
 }  // namespace
 
 bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out, int64_t block_stride,
@@ -313,8 +358,11 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
   const __m256i nib = _mm256_set1_epi8(0x0F);
   switch (type) {
     case GgmlType::Q4_0: {
+      static const Q4_0Quad idx;
+      int64_t b = 0;
+      for (; b + 4 <= cols / 32; b += 4) unpack_q4_0_quad(idx, src, b / 4, out, block_stride, bias, bias_stride);
       const __m256i eight = _mm256_set1_epi8(8);
-      for (int64_t b = 0; b < cols / 32; ++b) {
+      for (; b < cols / 32; ++b) {  // the last 1..3 blocks
         const uint8_t* blk = src + b * sizeof(BlockQ4_0);
         const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
         const __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), nib);
