@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <cstring>
 
@@ -389,24 +390,28 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
     }
     case GgmlType::Q4_K: {
       for (int64_t b = 0; b < cols / 256; ++b) {
-        BlockQ4_K blk;
-        std::memcpy(&blk, src + b * sizeof(BlockQ4_K), sizeof(blk));
+        // Read in place: a copy of the block on the stack made every load below wait for
+        // store forwarding across two stores.
+        const uint8_t* blk = src + b * sizeof(BlockQ4_K);
         for (int g = 0; g < 4; ++g) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * g));
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ4_K, qs) + 32 * g));
           const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
           store32(8 * b + 2 * g, lo);
           store32(8 * b + 2 * g + 1, hi);
           bias32(8 * b + 2 * g, lo, 0);
           bias32(8 * b + 2 * g + 1, hi, 0);
         }
+        uint16_t d, dmin;
+        std::memcpy(&d, blk + offsetof(BlockQ4_K, d), 2);
+        std::memcpy(&dmin, blk + offsetof(BlockQ4_K, dmin), 2);
         // Lanes 0..7: d * scale_j; lanes 8..15: -dmin * min_j.
-        const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(blk.d)), _mm512_set1_ps(-_cvtsh_ss(blk.dmin)));
-        alignas(64) float maps[16];
-        _mm512_store_ps(maps, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scales_mins(blk.scales))), dd));
-        for (int s = 0; s < 8; ++s) {
-          out.scale[(8 * b + s) * out.map_stride] = maps[s];
-          out.offset[(8 * b + s) * out.map_stride] = maps[8 + s];
-        }
+        const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(d)), _mm512_set1_ps(-_cvtsh_ss(dmin)));
+        const __m512 maps = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scales_mins(blk + offsetof(BlockQ4_K, scales)))), dd);
+        const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+                                              _mm512_set1_epi32(int32_t(out.map_stride)));
+        _mm256_i32scatter_ps(out.scale + 8 * b * out.map_stride, _mm512_castsi512_si256(at), _mm512_castps512_ps256(maps), 4);
+        _mm256_i32scatter_ps(out.offset + 8 * b * out.map_stride, _mm512_castsi512_si256(at), _mm512_extractf32x8_ps(maps, 1), 4);
       }
       return true;
     }
