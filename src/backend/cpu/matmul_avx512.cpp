@@ -103,8 +103,12 @@ void panel_f32_pair_rows8(const float* w, int64_t ws, int64_t k_len, const float
   for (int r = 0; r < 8; ++r) a[r] = b[r] = _mm512_setzero_ps();
   // One line fetched every `every` steps spreads pf over the loop.
   const int64_t every = std::max<int64_t>(1, std::min<int64_t>(16, k_len / std::max<int64_t>(1, pf.lines)));
+  int64_t countdown = 0;  // a counter, not k % every: that was an integer division per step
   for (int64_t k = 0; k < k_len; ++k) {
-    if (k % every == 0) prefetch_step(pf);
+    if (--countdown <= 0) {
+      prefetch_step(pf);
+      countdown = every;
+    }
     const __m512 x0 = _mm512_load_ps(p0 + 16 * k), x1 = _mm512_load_ps(p1 + 16 * k);
     for (int r = 0; r < 8; ++r) {
       const __m512 wv = _mm512_set1_ps(w[r * ws + k]);
