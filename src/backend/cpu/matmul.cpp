@@ -327,39 +327,33 @@ void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
   const int64_t wgroups = a.cols / layout.group;  // affine groups per weight row
   const int64_t n_tiles = (a.rows + kInt8TileRows - 1) / kInt8TileRows;
   parallel_chunks(pool, n_tiles, 1, [&](int64_t t0, int64_t t1) {
-    // Rows are unpacked straight into the block-major tile (hot types), or row-major and
-    // then scattered.
+    // Rows are unpacked straight into the block-major tile (hot types), or into a plain row
+    // whose blocks are then copied; either way the maps go straight to the tile's rows.
     thread_local Scratch row_buf, tile_buf, meta_buf;
-    auto* q_row = row_buf.get<int8_t>(size_t(a.cols) + 4 * 4 * size_t(wgroups));
-    auto* scale = reinterpret_cast<float*>(q_row + a.cols);
-    float* offset = scale + wgroups;
-    auto* qsum = reinterpret_cast<int32_t*>(offset + wgroups);
-    int32_t* bias = qsum + wgroups;
+    auto* q_row = row_buf.get<int8_t>(size_t(a.cols) + 4 * size_t(wgroups));
+    auto* qsum = reinterpret_cast<int32_t*>(q_row + a.cols);
     auto* tile_q = tile_buf.get<int8_t>(size_t(kInt8TileRows) * size_t(a.cols));
     const size_t n_maps = size_t(kInt8TileRows) * size_t(wgroups);
     auto* tile_bias = meta_buf.get<int32_t>(3 * n_maps);
     auto* tile_scale = reinterpret_cast<float*>(tile_bias + n_maps);
     float* tile_offset = tile_scale + n_maps;
-    const Int8Tile tile{tile_q, tile_bias, tile_scale, layout.has_offset ? tile_offset : nullptr, layout.group};
+    const Int8Tile tile{tile_q, tile_bias, tile_scale, layout.has_offset ? tile_offset : nullptr, layout.group,
+                        wgroups};
     alignas(64) float acc[kInt8TileRows * 16];
     for (int64_t tile_index = t0; tile_index < t1; ++tile_index) {
       const int64_t row0 = tile_index * kInt8TileRows;
       const int rows = int(std::min<int64_t>(kInt8TileRows, a.rows - row0));
       for (int r = 0; r < rows; ++r) {
-        // Row r's maps are every kInt8TileRows-th entry of the tile's arrays, from entry r.
-        const int64_t tile_stride = 32 * kInt8TileRows;
-        const Int8Row direct{tile_q + 32 * r, tile_scale + r, tile_offset + r, qsum, kInt8TileRows};
-        if (!avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, direct, tile_stride, tile_bias + r,
-                                          kInt8TileRows)) {
-          unpack_int8_row(a.type, weight_row(a, row0 + r), a.cols, {q_row, scale, offset, qsum});
-          avx512::group_bias(q_row, layout.group, wgroups, bias);
-          for (int64_t b = 0; b < n_blocks; ++b) std::memcpy(direct.q + b * tile_stride, q_row + 32 * b, 32);
-          for (int64_t g = 0; g < wgroups; ++g) {
-            tile_bias[g * kInt8TileRows + r] = bias[g];
-            tile_scale[g * kInt8TileRows + r] = scale[g];
-            if (layout.has_offset) tile_offset[g * kInt8TileRows + r] = offset[g];
-          }
-        }
+        const int64_t tile_stride = 32 * kInt8TileRows;  // bytes between a row's blocks
+        float* scale = tile_scale + r * wgroups;
+        float* offset = tile_offset + r * wgroups;
+        int32_t* bias = tile_bias + r * wgroups;
+        if (avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, {tile_q + 32 * r, scale, offset, qsum},
+                                         tile_stride, bias))
+          continue;
+        unpack_int8_row(a.type, weight_row(a, row0 + r), a.cols, {q_row, scale, offset, qsum});
+        avx512::group_bias(q_row, layout.group, wgroups, bias);
+        for (int64_t b = 0; b < n_blocks; ++b) std::memcpy(tile_q + 32 * r + b * tile_stride, q_row + 32 * b, 32);
       }
       for (int64_t g = 0; g < n_groups; ++g) {
         avx512::panel_int8(tile, rows, 0, n_blocks, panel + g * n_blocks, acc, false,

@@ -178,7 +178,7 @@ void panel_int8_g32(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
     const __m512 dx = _mm512_load_ps(p.dx);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = tile.q + (b * kInt8TileRows + r) * 32;
-      const int64_t m = b * kInt8TileRows + r;
+      const int64_t m = r * tile.row_maps + b;
       // Two chains of 4 (vpdpbusd has a latency of several cycles).
       __m512i s = _mm512_set1_epi32(tile.bias[m]), s2 = _mm512_setzero_si512();
       for (int c = 0; c < 8; c += 2) {
@@ -209,7 +209,7 @@ void panel_int8_g16(const Int8Tile& tile, int64_t b0, int64_t b1, const Int8Pane
       const int8_t* q = tile.q + (b * kInt8TileRows + r) * 32;
       // The two 16-groups of the block are two independent chains; their scales are applied
       // together: (lo * s_lo + hi * s_hi) * dx.
-      const int64_t m_lo = 2 * b * kInt8TileRows + r, m_hi = m_lo + kInt8TileRows;
+      const int64_t m_lo = r * tile.row_maps + 2 * b, m_hi = m_lo + 1;
       __m512i lo = _mm512_set1_epi32(tile.bias[m_lo]), hi = _mm512_set1_epi32(tile.bias[m_hi]);
       for (int c = 0; c < 4; ++c) {
         lo = dpbusd_bcast(lo, xc[c], q + 4 * c);
@@ -312,9 +312,9 @@ struct Q4_0Quad {
   }
 };
 
-// Blocks [4 * quad, 4 * quad + 4) of a q4_0 row to the tile, biases and scales.
+// Blocks [4 * quad, 4 * quad + 4) of a q4_0 row to the tile, biases and scales (contiguous).
 inline void unpack_q4_0_quad(const Q4_0Quad& idx, const uint8_t* src, int64_t quad, const Int8Row& out,
-                             int64_t block_stride, int32_t* bias, int64_t bias_stride) {
+                             int64_t block_stride, int32_t* bias) {
   const uint8_t* p = src + quad * 4 * sizeof(BlockQ4_0);
   const __m512i a = _mm512_loadu_si512(p), b = _mm512_loadu_si512(p + 8);
   const __m512i nib = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
@@ -335,16 +335,14 @@ inline void unpack_q4_0_quad(const Q4_0Quad& idx, const uint8_t* src, int64_t qu
   const __m128i sums = _mm256_castsi256_si128(_mm512_cvtepi64_epi32(_mm512_maskz_compress_epi64(0x55, t)));
   const __m128i bias4 = _mm_mullo_epi32(_mm_sub_epi32(sums, _mm_set1_epi32(8 * 32)), _mm_set1_epi32(-128));
   const __m128 scale4 = _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, idx.d, b)));
-  const __m128i at = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32(int32_t(bias_stride)));
-  _mm_i32scatter_epi32(bias + 4 * quad * bias_stride, at, bias4, 4);
-  const __m128i at_map = _mm_mullo_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32(int32_t(out.map_stride)));
-  _mm_i32scatter_ps(out.scale + 4 * quad * out.map_stride, at_map, scale4, 4);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(bias + 4 * quad), bias4);
+  _mm_storeu_ps(out.scale + 4 * quad, scale4);
 }
 
 }  // namespace
 
 bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out, int64_t block_stride,
-                          int32_t* bias, int64_t bias_stride) {
+                          int32_t* bias) {
   const auto* src = static_cast<const uint8_t*>(row);
   // 32-element block i of the row goes to out.q + i * block_stride; the weights are made
   // unsigned (u = q + zero) first, and their sums taken there for the bias.
@@ -352,20 +350,20 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
   auto bias32 = [&](int64_t i, __m256i u, int zero) {  // group 32: bias = -128 * sum(q)
     int32_t lo, hi;
     half_sums_u8(u, &lo, &hi);
-    bias[i * bias_stride] = -128 * (lo + hi - 32 * zero);
+    bias[i] = -128 * (lo + hi - 32 * zero);
   };
   auto bias16 = [&](int64_t i, __m256i u, int zero) {  // group 16: the block's two groups
     int32_t lo, hi;
     half_sums_u8(u, &lo, &hi);
-    bias[2 * i * bias_stride] = -128 * (lo - 16 * zero);
-    bias[(2 * i + 1) * bias_stride] = -128 * (hi - 16 * zero);
+    bias[2 * i] = -128 * (lo - 16 * zero);
+    bias[2 * i + 1] = -128 * (hi - 16 * zero);
   };
   const __m256i nib = _mm256_set1_epi8(0x0F);
   switch (type) {
     case GgmlType::Q4_0: {
       static const Q4_0Quad idx;
       int64_t b = 0;
-      for (; b + 4 <= cols / 32; b += 4) unpack_q4_0_quad(idx, src, b / 4, out, block_stride, bias, bias_stride);
+      for (; b + 4 <= cols / 32; b += 4) unpack_q4_0_quad(idx, src, b / 4, out, block_stride, bias);
       const __m256i eight = _mm256_set1_epi8(8);
       for (; b < cols / 32; ++b) {  // the last 1..3 blocks
         const uint8_t* blk = src + b * sizeof(BlockQ4_0);
@@ -375,7 +373,7 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
         bias32(b, u, 8);
         uint16_t d;
         std::memcpy(&d, blk, 2);
-        out.scale[(b) * out.map_stride] = _cvtsh_ss(d);
+        out.scale[b] = _cvtsh_ss(d);
       }
       return true;
     }
@@ -388,7 +386,7 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
         bias32(b, _mm256_xor_si256(q, flip), 128);
         uint16_t d;
         std::memcpy(&d, blk, 2);
-        out.scale[(b) * out.map_stride] = _cvtsh_ss(d);
+        out.scale[b] = _cvtsh_ss(d);
       }
       return true;
     }
@@ -412,10 +410,8 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
         const __m512 dd = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(d)), _mm512_set1_ps(-_cvtsh_ss(dmin)));
         const __m512 maps = _mm512_mul_ps(
             _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scales_mins(blk + offsetof(BlockQ4_K, scales)))), dd);
-        const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
-                                              _mm512_set1_epi32(int32_t(out.map_stride)));
-        _mm256_i32scatter_ps(out.scale + 8 * b * out.map_stride, _mm512_castsi512_si256(at), _mm512_castps512_ps256(maps), 4);
-        _mm256_i32scatter_ps(out.offset + 8 * b * out.map_stride, _mm512_castsi512_si256(at), _mm512_extractf32x8_ps(maps, 1), 4);
+        _mm256_storeu_ps(out.scale + 8 * b, _mm512_castps512_ps256(maps));
+        _mm256_storeu_ps(out.offset + 8 * b, _mm512_extractf32x8_ps(maps, 1));
       }
       return true;
     }
@@ -444,10 +440,9 @@ bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const In
         }
         uint16_t dh;
         std::memcpy(&dh, blk + 208, 2);
-        alignas(64) float maps[16];
         const __m128i scales = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-        _mm512_store_ps(maps, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scales)), _mm512_set1_ps(_cvtsh_ss(dh))));
-        for (int s = 0; s < 16; ++s) out.scale[(16 * b + s) * out.map_stride] = maps[s];
+        _mm512_storeu_ps(out.scale + 16 * b,
+                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scales)), _mm512_set1_ps(_cvtsh_ss(dh))));
       }
       return true;
     }

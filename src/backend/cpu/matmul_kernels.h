@@ -52,10 +52,11 @@ struct alignas(64) Int8PanelBlock {
   float dx_sum_all[16];
 };
 
-// A tile of up to kInt8TileRows unpacked weight rows for the int8 prefill kernel, stored
-// block-major so that the kernel walks it with one index: the 32 bytes of block b of row r
-// at q[(b * kInt8TileRows + r) * 32], the affine map of group g of row r at index
-// g * kInt8TileRows + r of bias (= -128 * sum of the group's q), scale and offset.
+// A tile of up to kInt8TileRows unpacked weight rows for the int8 prefill kernel. The q
+// bytes are block-major, so that the kernel walks them with one index: the 32 bytes of
+// block b of row r at q[(b * kInt8TileRows + r) * 32]. The affine maps are row-major, so
+// that the unpackers store a row's maps as vectors: group g of row r at index
+// r * row_maps + g of bias (= -128 * sum of the group's q), scale and offset.
 inline constexpr int kInt8TileRows = 8;
 struct Int8Tile {
   const int8_t* q;
@@ -63,6 +64,7 @@ struct Int8Tile {
   const float* scale;
   const float* offset;  // null when the layout has no offset
   int group;            // 16 or 32
+  int64_t row_maps;     // maps per row: cols / group
 };
 
 // Weight bytes the next prefill tile will read, fetched into L2 a line or two per step of
@@ -127,10 +129,11 @@ void panel_int8(const Int8Tile& tile, int rows, int64_t b0, int64_t b1, const In
                 float* acc, bool accumulate, Prefetch pf);
 // SIMD unpackers for the hot types (same results as unpack_int8_row); false = not here.
 // 32-element block i of q goes to out.q + i * block_stride (32: a plain row; 32 *
-// kInt8TileRows: straight into a block-major Int8Tile); the bias of group g (-128 * sum of
-// its q, as group_bias) to bias[g * bias_stride]. out.qsum is not written.
+// kInt8TileRows: straight into a block-major Int8Tile); the maps to contiguous arrays
+// (out.map_stride must be 1), the bias of group g (-128 * sum of its q, as group_bias) to
+// bias[g]. out.qsum is not written.
 bool unpack_int8_row_fast(GgmlType type, const void* row, int64_t cols, const Int8Row& out, int64_t block_stride,
-                          int32_t* bias, int64_t bias_stride);
+                          int32_t* bias);
 // acc[r * 16 + t] (8 rows x 16 tokens) to y[t * y_stride + r] for t < n_tokens.
 void store_rows8(const float* acc, int n_tokens, float* y, int64_t y_stride);
 // bias[g] = -128 * sum of group g of q (`group` elements each), q a plain row.
