@@ -5,10 +5,16 @@
 // - float paths (f32 / f16 / bf16 weights; the scalar level; types without an int8 kernel
 //   at the level), which dequantize to f32 and keep x in f32: the only error is f32
 //   rounding of the accumulation, so |y - ref| <= 2e-5 * |w|.|x| + 1e-6.
-// - int8 paths (quantizes_activations() says which): x is quantized per block of 32 to
-//   q = round(x / dx), dx = max|x_block| / 127, so each x_k moves by at most dx / 2 and
-//   |y - ref| <= sum_blocks (dx_b / 2) * sum_{k in b} |w_k|, plus the same f32 slack.
-//   This bound is exact (not statistical); for Gaussian data it is ~1e-2 of |w|.|x|.
+// - int8 paths (quantizes_activations() says which): x is quantized to ggml's q8 format for
+//   the weight type (activation_type()), x_k -> xq_k. The result must equal, up to the same
+//   f32 slack (against |w|.|xq|), the "ggml reference": sum_k w_k xq_k in double, with
+//   kiln's reference quantizers (quant/) making xq, plus, for q8_1, the weights' min times
+//   (s - sum of the block's xq) since ggml's dot uses the stored f16 s there. That pins the
+//   activation bytes: one level off in one element moves y by ~dx |w_k|, far above the slack.
+//   Against matmul_reference the bound is the quantization error itself, computed exactly:
+//   sum_k |w_k| |x_k - xq_k| (+ |m_b| |s_b - sum xq| for q8_1). A priori, per element,
+//   q8_0 / q8_1: |x - xq| <= d/2 + 127 |d - f16(d)| <= 0.56 d with d = max|x_32-block| / 127;
+//   q8_K: <= d/2 with d = max|x_256-block| / 127 (coarser: one scale per 256).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +26,9 @@
 
 #include "backend/cpu/int8_rows.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_kernels.h"
+#include "core/half.h"
+#include "quant/blocks.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "quant/codec.h"
@@ -73,6 +82,39 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, s
   return w;
 }
 
+// One token's activations as the int8 paths see them: xq (dequantized q8 blocks made by
+// kiln's reference quantizer) and, per 32-block, the q8_1 correction s - sum(xq) (zero for
+// the other formats, whose dots use dx * sum(q)).
+struct QuantizedToken {
+  std::vector<float> xq, s_excess;
+};
+
+QuantizedToken quantize_token(GgmlType act, const float* x, int64_t cols) {
+  QuantizedToken out;
+  out.xq.resize(size_t(cols));
+  out.s_excess.assign(size_t(cols / 32), 0.0f);
+  std::vector<uint8_t> blocks(*row_bytes(act, cols));
+  quantize_row(act, x, blocks.data(), cols);
+  dequantize_row_reference(act, blocks.data(), out.xq.data(), cols);
+  if (act == GgmlType::Q8_1) {
+    const auto* b = reinterpret_cast<const BlockQ8_1*>(blocks.data());
+    for (int64_t i = 0; i < cols / 32; ++i) {
+      double sum = 0;
+      for (int j = 0; j < 32; ++j) sum += out.xq[size_t(32 * i + j)];
+      out.s_excess[size_t(i)] = float(double(f16_to_f32(b[i].s)) - sum);
+    }
+  }
+  return out;
+}
+
+// The weights' min of 32-block b for q4_1 / q5_1 (value = d * q + m), else 0.
+float block_min(GgmlType type, const uint8_t* row, int64_t b) {
+  if (type != GgmlType::Q4_1 && type != GgmlType::Q5_1) return 0;
+  uint16_t m;
+  std::memcpy(&m, row + b * traits(type).type_size + 2, 2);
+  return f16_to_f32(m);
+}
+
 struct Case {
   int64_t rows, blocks, n_tokens;
 };
@@ -120,26 +162,39 @@ TEST_P(MatmulTest, MatchesReference) {
     args.y = ref.data();
     matmul_reference(args);
 
-    // Per output: |w|.|x| and the int8 bound sum_b (dx_b / 2) * sum_{k in b} |w_k|.
-    std::vector<double> abs_dot(ref.size()), int8_bound(ref.size());
+    // Per output: |w|.|x|; for the int8 paths the ggml reference, |w|.|xq| and the exact
+    // quantization error bound (see the top of the file).
+    const GgmlType act = activation_type(type);
+    std::vector<QuantizedToken> xq;
+    if (act != GgmlType::F32)
+      for (int64_t t = 0; t < c.n_tokens; ++t) xq.push_back(quantize_token(act, x.data() + t * x_stride, cols));
+    std::vector<double> abs_dot(ref.size()), q8_ref(ref.size()), q8_abs_dot(ref.size()), q8_error(ref.size());
     std::vector<float> wrow(static_cast<size_t>(cols));
     for (int64_t r = 0; r < c.rows; ++r) {
-      dequantize_row_reference(type, w.data() + size_t(r) * stride, wrow.data(), cols);
+      const uint8_t* row = w.data() + size_t(r) * stride;
+      dequantize_row_reference(type, row, wrow.data(), cols);
       for (int64_t t = 0; t < c.n_tokens; ++t) {
         const float* xt = x.data() + t * x_stride;
-        double ad = 0, ib = 0;
-        for (int64_t b = 0; b < cols / 32 || (b == 0 && cols < 32); ++b) {
-          const int64_t k0 = 32 * b, k1 = std::min<int64_t>(cols, k0 + 32);
-          double amax = 0, wabs = 0;
-          for (int64_t k = k0; k < k1; ++k) {
-            amax = std::max(amax, double(std::fabs(xt[k])));
-            wabs += std::fabs(wrow[k]);
-            ad += std::fabs(double(wrow[k]) * xt[k]);
-          }
-          ib += amax / 127.0 / 2.0 * wabs;
+        const size_t i = size_t(t * y_stride + r);
+        double ad = 0;
+        for (int64_t k = 0; k < cols; ++k) ad += std::fabs(double(wrow[k]) * xt[k]);
+        abs_dot[i] = ad;
+        if (xq.empty()) continue;
+        const QuantizedToken& q = xq[size_t(t)];
+        double y = 0, aq = 0, err = 0;
+        for (int64_t k = 0; k < cols; ++k) {
+          y += double(wrow[k]) * q.xq[k];
+          aq += std::fabs(double(wrow[k]) * q.xq[k]);
+          err += std::fabs(double(wrow[k])) * std::fabs(double(xt[k]) - q.xq[k]);
         }
-        abs_dot[size_t(t * y_stride + r)] = ad;
-        int8_bound[size_t(t * y_stride + r)] = ib;
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          const double m = block_min(type, row, b);
+          y += m * q.s_excess[b];
+          err += std::fabs(m * q.s_excess[b]);
+        }
+        q8_ref[i] = y;
+        q8_abs_dot[i] = aq;
+        q8_error[i] = err;
       }
     }
 
@@ -157,11 +212,18 @@ TEST_P(MatmulTest, MatchesReference) {
               ASSERT_EQ(y[i], -777.0f) << "padding written at token " << t << " column " << r;
               continue;
             }
-            const double tol = 2e-5 * abs_dot[i] + 1e-6 + (int8 ? int8_bound[i] : 0.0);
+            const double tol = 2e-5 * abs_dot[i] + 1e-6 + (int8 ? q8_error[i] : 0.0);
             if (!(std::fabs(double(y[i]) - ref[i]) <= tol) && ++failures <= 5)
               ADD_FAILURE() << type_name(type) << " " << level_name(level) << " threads=" << pool->size()
                             << " rows=" << c.rows << " cols=" << cols << " n_tokens=" << c.n_tokens << ": y[" << t
                             << "][" << r << "] = " << y[i] << ", reference " << ref[i] << ", tolerance " << tol;
+            if (!int8) continue;
+            const double q8_tol = 2e-5 * q8_abs_dot[i] + 1e-6;
+            if (!(std::fabs(double(y[i]) - q8_ref[i]) <= q8_tol) && ++failures <= 5)
+              ADD_FAILURE() << type_name(type) << " " << level_name(level) << " threads=" << pool->size()
+                            << " rows=" << c.rows << " cols=" << cols << " n_tokens=" << c.n_tokens << ": y[" << t
+                            << "][" << r << "] = " << y[i] << ", ggml reference (" << type_name(act)
+                            << " activations) " << q8_ref[i] << ", tolerance " << q8_tol;
           }
         ASSERT_EQ(failures, 0);
       }
@@ -204,6 +266,68 @@ TEST(Int8Rows, UnpackMatchesDequantize) {
       int32_t s = 0;
       for (int j = 0; j < layout.group; ++j) s += q[g * layout.group + j];
       ASSERT_EQ(qsum[g], s) << type_name(type) << " group " << g;
+    }
+  }
+}
+
+// Activations with the cases that trip rounding: values exactly half-way between levels
+// (after the scale is derived from the block maximum), ties of +max and -max, zero blocks,
+// tiny and huge magnitudes.
+std::vector<float> tricky_activations(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (auto& v : x) v = normal(rng);
+  for (int64_t b = 0; b + 32 <= n; b += 32) {
+    switch ((b / 32) % 6) {
+      case 0: {  // halves: max 127 makes d = 1, so k + 0.5 is a tie
+        x[size_t(b)] = 127.0f;
+        for (int j = 1; j < 32; ++j) x[size_t(b + j)] = float(int(rng() % 200) - 100) + 0.5f;
+        break;
+      }
+      case 1: x[size_t(b + 3)] = -4.0f, x[size_t(b + 9)] = 4.0f; break;  // +-max tie
+      case 2: std::fill(x.begin() + b, x.begin() + b + 32, 0.0f); break;
+      case 3: for (int j = 0; j < 32; ++j) x[size_t(b + j)] *= 1e-6f; break;
+      case 4: for (int j = 0; j < 32; ++j) x[size_t(b + j)] *= 1e3f; break;
+      default: break;
+    }
+  }
+  return x;
+}
+
+// The SIMD activation quantizers write the same bytes as kiln's reference quantizers
+// (which are byte-identical to ggml's reference).
+TEST(MatmulActivations, QuantizersMatchReference) {
+  std::mt19937 rng(5);
+  const int64_t cols = 2048;
+  for (int trial = 0; trial < 4; ++trial) {
+    const std::vector<float> x = tricky_activations(cols, rng);
+    if (cpu_features().avx512) {
+      for (GgmlType act : {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
+        const size_t bytes = *row_bytes(act, cols);
+        std::vector<uint8_t> want(bytes), got(bytes, 0xEE);
+        quantize_row(act, x.data(), want.data(), cols);
+        avx512::quantize_activations(act, x.data(), cols, got.data());
+        for (size_t i = 0; i < bytes; ++i)
+          ASSERT_EQ(int(got[i]), int(want[i])) << type_name(act) << " trial " << trial << " byte " << i;
+      }
+    }
+    if (cpu_features().avx2) {
+      std::vector<BlockQ8_0> want(size_t(cols / 32));
+      quantize_row(GgmlType::Q8_0, x.data(), want.data(), cols);
+      std::vector<int8_t> q(static_cast<size_t>(cols));
+      std::vector<float> dx(size_t(cols / 32));
+      std::vector<int32_t> sum(size_t(cols / 32));
+      Q8Token tk{q.data(), dx.data(), sum.data()};
+      avx2::prepare_q8_token(x.data(), cols, tk);
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        ASSERT_EQ(dx[size_t(b)], f16_to_f32(want[size_t(b)].d)) << "avx2 q8_0 scale of block " << b;
+        int32_t s = 0;
+        for (int j = 0; j < 32; ++j) {
+          ASSERT_EQ(int(q[size_t(32 * b + j)]), int(want[size_t(b)].qs[j])) << "avx2 q8_0 element " << 32 * b + j;
+          s += q[size_t(32 * b + j)];
+        }
+        ASSERT_EQ(sum[size_t(b)], s) << "avx2 q8_0 sum of block " << b;
+      }
     }
   }
 }

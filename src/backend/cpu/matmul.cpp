@@ -3,13 +3,16 @@
 // matmul_avx512.cpp / matmul_avx2.cpp (declared in matmul_kernels.h).
 //
 // Paths:
+// Activations of the int8 paths are quantized once per call to ggml's q8 format for the
+// weight type (activation_type(); matmul_q8.h), byte for byte as ggml quantizes them.
+//
 // - decode (n_tokens <= kDecodeMaxTokens): rows split over threads; each row is read once
 //   and dotted with every token. On AVX-512 VNNI, q4_0 q4_1 q5_0 q5_1 iq4_nl q8_0 q4_K q5_K q6_K
 //   use direct int8 kernels with the activations quantized once per call; other types
 //   dequantize a row to f32 (or read f32 / f16 / bf16 directly) and take f32 dot products.
 //   On AVX2, q4_0 and q8_0 have int8 kernels (maddubs).
-// - prefill, integer weight types on AVX-512 VNNI: activations quantized once into 16-token
-//   int8 panels; each tile of 8 weight rows is unpacked once to int8 and multiplied with
+// - prefill, integer weight types on AVX-512 VNNI: activations quantized once and laid out
+//   in 16-token int8 panels; each tile of 8 weight rows is unpacked once to int8 and multiplied with
 //   every panel (vpdpbusd).
 // - prefill otherwise (float types; any type on AVX2): tiles of 8 rows dequantized to f32,
 //   multiplied with f32 token panels (FMA).
@@ -151,13 +154,19 @@ DecodeKernel int8_decode_kernel(GgmlType type) {
 
 void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
   thread_local Scratch act_buf;
+  const GgmlType act = activation_type(a.type);
   const int64_t n_quads = a.cols / 128;
   const size_t q_bytes = align64(size_t(n_quads) * 128), lane_bytes = size_t(n_quads) * 64;
-  const size_t per_token = q_bytes + kDecodeLaneArrays * lane_bytes;
+  const size_t block_bytes = align64(*row_bytes(act, a.cols));
+  const size_t per_token = block_bytes + q_bytes + kDecodeLaneArrays * lane_bytes;
   auto* base = act_buf.get<uint8_t>(per_token * size_t(a.n_tokens));
   DecodeToken tokens[kDecodeMaxTokens];
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     uint8_t* p = base + per_token * size_t(t);
+    const float* x = a.x + t * a.x_stride;
+    avx512::quantize_activations(act, x, a.cols, p);
+    const void* blocks = p;
+    p += block_bytes;
     DecodeToken& tk = tokens[t];
     tk.q = reinterpret_cast<int8_t*>(p);
     p += q_bytes;
@@ -166,7 +175,7 @@ void decode_int8(const MatmulArgs& a, ThreadPool& pool, DecodeKernel kernel) {
     tk.bias_hi = reinterpret_cast<int32_t*>(p + 2 * lane_bytes);
     tk.dx = reinterpret_cast<float*>(p + 3 * lane_bytes);
     tk.neg_dx_sum = reinterpret_cast<float*>(p + 4 * lane_bytes);
-    avx512::prepare_decode_token(a.x + t * a.x_stride, a.cols, avx512::decode_bias_shift(a.type), tk);
+    avx512::prepare_decode_token(blocks, act, x, a.cols, avx512::decode_bias_shift(a.type), tk);
   }
   const size_t row_bytes_exact = *row_bytes(a.type, a.cols);
   parallel_chunks(pool, a.rows, 32, [&](int64_t begin, int64_t end) {
@@ -223,6 +232,7 @@ void decode_int8_avx2(const MatmulArgs& a, ThreadPool& pool, Avx2DecodeKernel ke
 // pages cost more than the kernel's arithmetic for small tiles).
 void store_tile(const MatmulArgs& a, const float* acc, int lanes, int64_t row0, int rows, int64_t tok0) {
   const int n = int(std::min<int64_t>(lanes, a.n_tokens - tok0));
+  if (lanes == 16 && rows == 8) return avx512::store_rows8(acc, n, a.y + tok0 * a.y_stride + row0, a.y_stride);
   float run[16];
   for (int t = 0; t < n; ++t) {
     for (int r = 0; r < rows; ++r) run[r] = acc[r * lanes + t];
@@ -230,6 +240,17 @@ void store_tile(const MatmulArgs& a, const float* acc, int lanes, int64_t row0, 
     if (rows == 8) std::memcpy(dst, run, 8 * sizeof(float));  // fixed size: inlined, no call
     else std::memcpy(dst, run, sizeof(float) * size_t(rows));
   }
+}
+
+// Part `part` of `parts` of the weight bytes of tile `next` (kTileRows rows), for the
+// kernels to prefetch while they work on the tile before it; nothing past `end`, the
+// calling thread's last tile.
+Prefetch next_tile_share(const MatmulArgs& a, int64_t next, int64_t end, int64_t part, int64_t parts) {
+  if (next >= end) return {};
+  const int64_t row0 = next * kTileRows, rows = std::min<int64_t>(kTileRows, a.rows - row0);
+  const int64_t lines = (int64_t(a.w_row_bytes) * rows + 63) / 64, share = (lines + parts - 1) / parts;
+  const int64_t first = std::min(lines, part * share);
+  return {weight_row(a, row0) + 64 * first, std::min(share, lines - first)};
 }
 
 void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
@@ -267,9 +288,10 @@ void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
       }
       int64_t g = 0;
       if (wide) {  // two token panels per pass
+        const int64_t pairs = n_groups / 2;
         for (; g + 2 <= n_groups; g += 2) {
           avx512::panel_f32_pair(w, w_stride, rows, a.cols, panel + g * group_floats, panel + (g + 1) * group_floats,
-                                 acc, acc2);
+                                 acc, acc2, next_tile_share(a, tile_index + 1, t1, g / 2, pairs));
           store_tile(a, acc, lanes, row0, rows, g * lanes);
           store_tile(a, acc2, lanes, row0, rows, (g + 1) * lanes);
         }
@@ -285,54 +307,57 @@ void prefill_float(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
 void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
   const int64_t n_groups = (a.n_tokens + 15) / 16;
   const int64_t n_blocks = a.cols / 32;
-  thread_local Scratch panel_buf;
+  const GgmlType act = activation_type(a.type);
+  const size_t token_bytes = align64(*row_bytes(act, a.cols));
+  thread_local Scratch panel_buf, act_buf;
   auto* panel = panel_buf.get<Int8PanelBlock>(size_t(n_groups * n_blocks));
+  auto* blocks = act_buf.get<uint8_t>(token_bytes * size_t(n_groups * 16));
   parallel_chunks(pool, n_groups, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
       const int n = int(std::min<int64_t>(16, a.n_tokens - g * 16));
-      avx512::prepare_int8_panel(a.x + g * 16 * a.x_stride, a.x_stride, n, a.cols, panel + g * n_blocks);
+      const void* token_blocks[16];
+      for (int t = 0; t < n; ++t) {
+        uint8_t* dst = blocks + token_bytes * size_t(g * 16 + t);
+        avx512::quantize_activations(act, a.x + (g * 16 + t) * a.x_stride, a.cols, dst);
+        token_blocks[t] = dst;
+      }
+      avx512::prepare_int8_panel(token_blocks, act, n, a.cols, panel + g * n_blocks);
     }
   });
   const int64_t wgroups = a.cols / layout.group;  // affine groups per weight row
   const int64_t n_tiles = (a.rows + kInt8TileRows - 1) / kInt8TileRows;
   parallel_chunks(pool, n_tiles, 1, [&](int64_t t0, int64_t t1) {
-    // Rows are unpacked straight into the block-major tile (hot types), or row-major and
-    // then scattered.
+    // Rows are unpacked straight into the block-major tile (hot types), or into a plain row
+    // whose blocks are then copied; either way the maps go straight to the tile's rows.
     thread_local Scratch row_buf, tile_buf, meta_buf;
-    auto* q_row = row_buf.get<int8_t>(size_t(a.cols) + 4 * 4 * size_t(wgroups));
-    auto* scale = reinterpret_cast<float*>(q_row + a.cols);
-    float* offset = scale + wgroups;
-    auto* qsum = reinterpret_cast<int32_t*>(offset + wgroups);
-    int32_t* bias = qsum + wgroups;
+    auto* q_row = row_buf.get<int8_t>(size_t(a.cols) + 4 * size_t(wgroups));
+    auto* qsum = reinterpret_cast<int32_t*>(q_row + a.cols);
     auto* tile_q = tile_buf.get<int8_t>(size_t(kInt8TileRows) * size_t(a.cols));
     const size_t n_maps = size_t(kInt8TileRows) * size_t(wgroups);
     auto* tile_bias = meta_buf.get<int32_t>(3 * n_maps);
     auto* tile_scale = reinterpret_cast<float*>(tile_bias + n_maps);
     float* tile_offset = tile_scale + n_maps;
-    const Int8Tile tile{tile_q, tile_bias, tile_scale, layout.has_offset ? tile_offset : nullptr, layout.group};
+    const Int8Tile tile{tile_q, tile_bias, tile_scale, layout.has_offset ? tile_offset : nullptr, layout.group,
+                        wgroups};
     alignas(64) float acc[kInt8TileRows * 16];
     for (int64_t tile_index = t0; tile_index < t1; ++tile_index) {
       const int64_t row0 = tile_index * kInt8TileRows;
       const int rows = int(std::min<int64_t>(kInt8TileRows, a.rows - row0));
       for (int r = 0; r < rows; ++r) {
-        // Row r's maps are every kInt8TileRows-th entry of the tile's arrays, from entry r.
-        const int64_t tile_stride = 32 * kInt8TileRows;
-        const Int8Row direct{tile_q + 32 * r, tile_scale + r, tile_offset + r, qsum, kInt8TileRows};
-        if (avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, direct, tile_stride)) {
-          avx512::group_bias_blocks(direct.q, tile_stride, layout.group, wgroups, tile_bias + r, kInt8TileRows);
-        } else {
-          unpack_int8_row(a.type, weight_row(a, row0 + r), a.cols, {q_row, scale, offset, qsum});
-          avx512::group_bias(q_row, layout.group, wgroups, bias);
-          for (int64_t b = 0; b < n_blocks; ++b) std::memcpy(direct.q + b * tile_stride, q_row + 32 * b, 32);
-          for (int64_t g = 0; g < wgroups; ++g) {
-            tile_bias[g * kInt8TileRows + r] = bias[g];
-            tile_scale[g * kInt8TileRows + r] = scale[g];
-            if (layout.has_offset) tile_offset[g * kInt8TileRows + r] = offset[g];
-          }
-        }
+        const int64_t tile_stride = 32 * kInt8TileRows;  // bytes between a row's blocks
+        float* scale = tile_scale + r * wgroups;
+        float* offset = tile_offset + r * wgroups;
+        int32_t* bias = tile_bias + r * wgroups;
+        if (avx512::unpack_int8_row_fast(a.type, weight_row(a, row0 + r), a.cols, {tile_q + 32 * r, scale, offset, qsum},
+                                         tile_stride, bias))
+          continue;
+        unpack_int8_row(a.type, weight_row(a, row0 + r), a.cols, {q_row, scale, offset, qsum});
+        avx512::group_bias(q_row, layout.group, wgroups, bias);
+        for (int64_t b = 0; b < n_blocks; ++b) std::memcpy(tile_q + 32 * r + b * tile_stride, q_row + 32 * b, 32);
       }
       for (int64_t g = 0; g < n_groups; ++g) {
-        avx512::panel_int8(tile, rows, 0, n_blocks, panel + g * n_blocks, acc, false);
+        avx512::panel_int8(tile, rows, 0, n_blocks, panel + g * n_blocks, acc, false,
+                           next_tile_share(a, tile_index + 1, t1, g, n_groups));
         store_tile(a, acc, 16, row0, rows, g * 16);
       }
     }
@@ -340,6 +365,24 @@ void prefill_int8(const MatmulArgs& a, ThreadPool& pool, Int8Layout layout) {
 }
 
 }  // namespace
+
+GgmlType activation_type(GgmlType weight_type) {
+  switch (weight_type) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+    case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL: return GgmlType::Q8_0;
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1: return GgmlType::Q8_1;
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS: return GgmlType::Q8_K;
+    default: return GgmlType::F32;
+  }
+}
 
 SimdLevel best_simd_level() {
   const CpuFeatures& f = cpu_features();
@@ -361,7 +404,7 @@ void matmul(const MatmulArgs& a, ThreadPool& pool, SimdLevel level) {
     }
     return decode_rows(a, pool, level);
   }
-  if (vnni) {
+  if (vnni && activation_type(a.type) != GgmlType::F32) {
     const Int8Layout layout = int8_layout(a.type);
     if (layout.group != 0) return prefill_int8(a, pool, layout);
   }
@@ -376,7 +419,7 @@ bool quantizes_activations(GgmlType type, int64_t n_tokens, SimdLevel level) {
   const bool vnni = level == SimdLevel::Avx512 && cpu_features().avx512_vnni;
   if (n_tokens <= kDecodeMaxTokens)
     return vnni ? int8_decode_kernel(type) != nullptr : avx2_decode_kernel(type) != nullptr;
-  return vnni && int8_layout(type).group != 0;
+  return vnni && int8_layout(type).group != 0 && activation_type(type) != GgmlType::F32;
 }
 
 }  // namespace kiln::cpu

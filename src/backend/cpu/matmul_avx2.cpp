@@ -99,6 +99,20 @@ void panel_f32(const float* w, int64_t w_stride, int rows, int64_t k_len, const 
 
 // ---- int8 decode (q4_0, q8_0) -------------------------------------------------------------
 
+namespace {
+
+// roundf for every lane: truncate, then step away from zero when the dropped fraction is
+// at least one half (v - trunc(v) is exact in f32).
+inline __m256i round_half_away(__m256 v) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(v, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+  const __m256 step = _mm256_and_ps(up, _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(v, sign)));
+  return _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+}
+
+}  // namespace
+
 void prepare_q8_token(const float* x, int64_t cols, Q8Token& out) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < cols / 32; ++b) {
@@ -108,17 +122,18 @@ void prepare_q8_token(const float* x, int64_t cols, Q8Token& out) {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    const float d = amax / 127;  // as ggml's q8_0: x * (1 / d), not x * (127 / amax)
+    const __m256 id = _mm256_set1_ps(d != 0 ? 1.0f / d : 0.0f);
     int32_t sum = 0;
     for (int j = 0; j < 32; j += 8) {
       alignas(32) int32_t q[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j), inv)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q), round_half_away(_mm256_mul_ps(_mm256_loadu_ps(xb + j), id)));
       for (int l = 0; l < 8; ++l) {
         out.q[32 * b + j + l] = int8_t(q[l]);
         sum += q[l];
       }
     }
-    out.dx[b] = amax / 127.0f;
+    out.dx[b] = f16_to_f32(f32_to_f16(d));  // the dot uses the scale as q8_0 stores it
     out.sum[b] = sum;
   }
 }

@@ -1,5 +1,5 @@
 // AVX-512 VNNI decode kernels (n_tokens <= 3): the activations quantized once per call
-// (prepare_decode_token), then each weight row streamed once and multiplied with vpdpbusd
+// to ggml's q8 formats (matmul_q8_avx512.cpp), then each weight row streamed once and multiplied with vpdpbusd
 // straight from its block layout. Legacy 32-blocks go four at a time ("quads"); K-quants
 // a super-block (two quads) at a time. See matmul_kernels.h for the activation layout.
 #include <immintrin.h>
@@ -9,6 +9,7 @@
 
 #include "backend/cpu/avx512_common.h"
 #include "backend/cpu/matmul_kernels.h"
+#include "backend/cpu/matmul_q8.h"
 #include "core/half.h"
 #include "quant/blocks.h"
 #include "quant/iquant_grids.h"
@@ -24,21 +25,29 @@
 
 namespace kiln::cpu::avx512 {
 using detail::q4k_scales_mins;
-using detail::quantize_block32;
 using iquant::kIq4Levels;
 
 namespace {
 
-// Dot product of the weight row's columns past the last whole quad with the f32
-// activations: dequantized with the library's row dequantizer (at most 3 blocks).
-float tail_dot(GgmlType type, const uint8_t* row, size_t block_bytes, int64_t first_block,
-               int64_t n_blocks, const float* x) {
+// The weight row's columns past the last whole quad (at most 3 blocks), as ggml sums
+// them: per block, the integer dot of the unpacked weights with the token's q8 levels,
+// times both scales, plus the weights' offset times the activations' dx_sum.
+float tail_dot(GgmlType type, const uint8_t* row, size_t block_bytes, int64_t first_block, int64_t n_blocks,
+               const DecodeToken& tk) {
   if (n_blocks == 0) return 0;
-  alignas(64) float w[96];
-  dequantize_row(type, row + first_block * block_bytes, w, 32 * n_blocks);
-  return dot_f32(w, x + 32 * first_block, 32 * n_blocks);
+  alignas(64) int8_t q[96];
+  float scale[3], offset[3] = {0, 0, 0};
+  int32_t qsum[3];
+  unpack_int8_row(type, row + first_block * block_bytes, 32 * n_blocks, {q, scale, offset, qsum});
+  float sum = 0;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const Q8View v = q8_view(tk.act, tk.blocks, first_block + b);
+    int32_t dot = 0;
+    for (int j = 0; j < 32; ++j) dot += int32_t(q[32 * b + j]) * v.q[j];
+    sum += scale[b] * v.dx * float(dot) + offset[b] * v.dx_sum;
+  }
+  return sum;
 }
-
 
 }  // namespace
 
@@ -51,28 +60,6 @@ int decode_bias_shift(GgmlType type) {
     case GgmlType::Q8_0:
     case GgmlType::IQ4_NL: return 5;
     default: return 0;  // no zero point (the kernel does not read `bias`)
-  }
-}
-
-void prepare_decode_token(const float* x, int64_t cols, int bias_shift, DecodeToken& out) {
-  out.x = x;
-  out.n_quads = cols / 128;
-  for (int64_t qd = 0; qd < out.n_quads; ++qd) {
-    for (int i = 0; i < 4; ++i) {
-      alignas(64) int8_t q[32];
-      int32_t lo, hi;
-      const float dx = quantize_block32(x + 128 * qd + 32 * i, q, &lo, &hi);
-      std::memcpy(out.q + 128 * qd + 16 * i, q, 16);
-      std::memcpy(out.q + 128 * qd + 64 + 16 * i, q + 16, 16);
-      for (int l = 0; l < 4; ++l) {
-        const int64_t lane = 16 * qd + 4 * i + l;
-        out.bias[lane] = -(lo + hi) * (1 << bias_shift);
-        out.bias_lo[lane] = -lo * 8;
-        out.bias_hi[lane] = -hi * 8;
-        out.dx[lane] = dx;
-        out.neg_dx_sum[lane] = -dx * float(lo + hi) * 0.25f;
-      }
-    }
   }
 }
 
@@ -108,7 +95,7 @@ void decode_quads(const uint8_t* w, size_t row_bytes, size_t block_bytes, GgmlTy
     }
     for (int t = 0; t < NT; ++t)
       y[t * y_stride + r] = _mm512_reduce_add_ps(acc[t]) +
-                            tail_dot(type, row, block_bytes, 4 * n_quads, n_blocks - 4 * n_quads, tokens[t].x);
+                            tail_dot(type, row, block_bytes, 4 * n_quads, n_blocks - 4 * n_quads, tokens[t]);
   }
 }
 
@@ -211,7 +198,7 @@ void decode_nibble_rows(const NibbleFormat& f, const NibbleIndices& idx, const u
     }
     for (int t = 0; t < NT; ++t)
       y[t * y_stride + r] = _mm512_reduce_add_ps(acc[t]) +
-                            tail_dot(f.type, row, f.block_bytes, 4 * n_quads, n_blocks - 4 * n_quads, tokens[t].x);
+                            tail_dot(f.type, row, f.block_bytes, 4 * n_quads, n_blocks - 4 * n_quads, tokens[t]);
   }
 }
 
