@@ -1,7 +1,8 @@
 // Every architecture's tiny reference model (testdata/arch) on the CUDA backend:
 //   - prefill logits against HF transformers: relative L2 error <= 3e-3 per position;
 //   - greedy continuation (prefill + 15 single-token decode steps, replayed as CUDA graphs)
-//     equal to HF generate's ids;
+//     equal to HF generate's ids, with the host feeding the argmax back and with the argmax
+//     kept on the device;
 //   - exact mode against the CPU backend: relative L2 <= 1e-5 per position;
 //   - decode replayed from graphs equals eager decode (logits within 1e-5 relative L2).
 // Skips, saying so, where no GPU is present.
@@ -96,40 +97,32 @@ TEST_P(CudaArchReference, PrefillLogitsMatchTransformers) {
               worst);
 }
 
+// Two ways of decoding greedily: the host reads each step's logits and feeds the argmax
+// back, and the device keeps the argmax (Model::forward_greedy) with the host one step ahead.
+// Both run their decode steps as graph replays.
 TEST_P(CudaArchReference, GreedyDecodeMatchesTransformers) {
   KILN_REQUIRE_GPU();
   const std::string name = GetParam();
   KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
   KILN_REQUIRE_TESTDATA(gguf_path, "arch/" + name + ".gguf");
   const nlohmann::json ref = read_json(ref_path);
+  const std::vector<int32_t> prompt = to_ids(ref["greedy_prompt_ids"]);
   const std::vector<int32_t> expected = to_ids(ref["greedy_continuation_ids"]);
-  auto backend = std::make_unique<CudaBackend>(CudaOptions{});
-  CudaBackend* cuda = backend.get();
-  DeviceModel m(gguf_path, std::move(backend));
-  const std::vector<int32_t> got = m.greedy(to_ids(ref["greedy_prompt_ids"]), int(expected.size()));
-  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(got[i], expected[i]) << name << " continuation token " << i;
-  // The decode steps ran from graphs: one capture, the rest replays.
-  EXPECT_GE(cuda->graphs().replays(), int64_t(expected.size()) - 3) << name << ": decode steps were not replayed";
-  std::printf("[ cuda %s ] graphs: %lld captured, %lld replayed, %lld eager passes\n", name.c_str(),
-              (long long)cuda->graphs().captures(), (long long)cuda->graphs().replays(),
-              (long long)cuda->graphs().eager_passes());
-}
-
-// The same with the tokens fed back on the device and the host one step ahead.
-TEST_P(CudaArchReference, GreedyOnDeviceMatchesTransformers) {
-  KILN_REQUIRE_GPU();
-  const std::string name = GetParam();
-  KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
-  KILN_REQUIRE_TESTDATA(gguf_path, "arch/" + name + ".gguf");
-  const nlohmann::json ref = read_json(ref_path);
-  const std::vector<int32_t> expected = to_ids(ref["greedy_continuation_ids"]);
-  auto backend = std::make_unique<CudaBackend>(CudaOptions{});
-  CudaBackend* cuda = backend.get();
-  DeviceModel m(gguf_path, std::move(backend));
-  const std::vector<int32_t> got =
-      greedy_decode_on_device(*m.model, *cuda, to_ids(ref["greedy_prompt_ids"]), int(expected.size()));
-  expect_same_tokens(got, expected, "cuda " + name);
-  EXPECT_GE(cuda->graphs().replays(), int64_t(expected.size()) - 3) << name << ": decode steps were not replayed";
+  const int n = int(expected.size());
+  for (const bool on_device : {false, true}) {
+    const std::string label = "cuda " + name + (on_device ? " (argmax on the device)" : "");
+    auto backend = std::make_unique<CudaBackend>(CudaOptions{});
+    CudaBackend* cuda = backend.get();
+    DeviceModel m(gguf_path, std::move(backend));
+    const std::vector<int32_t> got =
+        on_device ? greedy_decode_on_device(*m.model, *cuda, prompt, n) : m.greedy(prompt, n);
+    expect_same_tokens(got, expected, label);
+    // The decode steps ran from graphs: one capture, the rest replays.
+    EXPECT_GE(cuda->graphs().replays(), int64_t(n) - 3) << label << ": decode steps were not replayed";
+    std::printf("[ %s ] graphs: %lld captured, %lld replayed, %lld eager passes\n", label.c_str(),
+                (long long)cuda->graphs().captures(), (long long)cuda->graphs().replays(),
+                (long long)cuda->graphs().eager_passes());
+  }
 }
 
 TEST_P(CudaArchReference, ExactModeMatchesCpu) {
