@@ -32,7 +32,7 @@ grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests? ran" "$OUT/test_cuda.log" | head -
 K=$B/src/kiln
 bench() {  # preset type repetitions
   local model=/tmp/$1-$2.gguf
-  timeout 150 $K synth --preset "$1" --type "$2" -o "$model" > /dev/null 2>&1 || { say "synth $1 $2 failed"; return; }
+  timeout 150 $K synth --preset "$1" --type "$2" --fast -o "$model" > /dev/null 2>&1 || { say "synth $1 $2 failed"; return; }
   say "synth $1 $2"
   timeout 120 $K bench -m "$model" -p 512 -n 128 -r "$3" --device cuda 2>&1 | grep -E "pp512|tg128" | tee -a "$LOG"
   rm -f "$model"

@@ -18,6 +18,7 @@ struct SynthCli {
   std::string preset, type, vocab, output;
   uint64_t seed = 42;
   int threads = 0;
+  bool fast = false;
 };
 
 std::string join(const std::vector<std::string>& items) {
@@ -31,6 +32,7 @@ void run(const SynthCli& cli) {
   SynthOptions options;
   options.seed = cli.seed;
   options.threads = cli.threads;
+  options.row_pool = cli.fast;
   options.vocab_path = cli.vocab;
   if (cli.type == "q4_K_M" || cli.type == "Q4_K_M" || cli.type == "q4_k_m") {
     options.q4_k_m = true;
@@ -61,6 +63,9 @@ void register_synth(CLI::App& app) {
   cmd->add_option("--vocab", cli->vocab, "GGUF whose tokenizer to copy (its size sets the vocabulary)");
   cmd->add_option("--seed", cli->seed, "Random seed")->capture_default_str();
   cmd->add_option("-t,--threads", cli->threads, "Threads (default: all cores)");
+  cmd->add_flag("--fast", cli->fast,
+                "Quantized matrices repeat a pool of 256 random rows quantized once per tensor: the same types, "
+                "sizes and value distribution in seconds (quantizing every row into a K-quant takes minutes)");
   cmd->add_option("-o,--output", cli->output, "Output GGUF file")->required();
   cmd->callback([cli] { run(*cli); });
 }

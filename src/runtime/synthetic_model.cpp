@@ -227,12 +227,22 @@ int copy_vocab(gguf::Writer& w, const std::string& path) {
 
 // ---- writing ------------------------------------------------------------------------------
 
-// Generates rows [row0, row0 + n_rows) of tensor `index` and encodes them into `out`.
+// Generates rows [row0, row0 + n_rows) of tensor `index` and encodes them into `out`. With
+// `row_pool` (encoded rows, back to back), each row is a copy of one pool row instead.
 void fill_rows(const SyntheticTensor& t, uint64_t seed, uint64_t index, int64_t row0, int64_t n_rows,
-               std::vector<uint8_t>& out, ThreadPool& pool) {
+               std::vector<uint8_t>& out, ThreadPool& pool, const std::vector<uint8_t>* row_pool = nullptr) {
   const int64_t cols = t.shape[0];
   const size_t out_row = *row_bytes(t.type, cols);
   out.resize(out_row * size_t(n_rows));
+  if (row_pool) {
+    const int64_t pool_rows = int64_t(row_pool->size() / out_row);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      RowRandom rng(seed, index, uint64_t(row0 + r));
+      const int64_t pick = int64_t(rng.next() % uint64_t(pool_rows));
+      std::copy_n(row_pool->data() + size_t(pick) * out_row, out_row, out.data() + size_t(r) * out_row);
+    }
+    return;
+  }
   pool.parallel_for(n_rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> row(size_t(cols), t.fill);
     for (int64_t r = begin; r < end; ++r) {
@@ -315,9 +325,12 @@ SynthReport write_synthetic_model(SyntheticShape shape, const SynthOptions& o, c
     int64_t rows = 1;
     for (size_t d = 1; d < t.shape.size(); ++d) rows *= t.shape[d];
     const int64_t rows_per_slice = std::max<int64_t>(1, kChunkElements / t.shape[0]);
+    std::vector<uint8_t> row_pool;
+    const bool pooled = o.row_pool && t.random && t.type != GgmlType::F32 && rows > kSynthPoolRows;
+    if (pooled) fill_rows(t, o.seed, uint64_t(i), rows, kSynthPoolRows, row_pool, pool);  // rows past the end
     for (int64_t r = 0; r < rows; r += rows_per_slice) {
       const int64_t n = std::min(rows_per_slice, rows - r);
-      fill_rows(t, o.seed, uint64_t(i), r, n, slice, pool);
+      fill_rows(t, o.seed, uint64_t(i), r, n, slice, pool, pooled ? &row_pool : nullptr);
       stream.write(slice);
       report.bytes += slice.size();
       if (o.progress) o.progress(report.bytes, total_bytes, t.name);

@@ -51,6 +51,9 @@ struct SyntheticShape {
 SyntheticShape synthetic_preset(std::string_view name);
 std::vector<std::string> synthetic_preset_names();
 
+// Rows in the pool of SynthOptions::row_pool.
+inline constexpr int64_t kSynthPoolRows = 256;
+
 struct SynthOptions {
   GgmlType type = GgmlType::Q4_0;
   // llama.cpp's Q4_K_M mix: q4_K, with q6_K for output.weight and for attn_v / ffn_down in
@@ -59,6 +62,12 @@ struct SynthOptions {
   std::string vocab_path;    // a GGUF whose tokenizer.* metadata is copied ("" : placeholder)
   uint64_t seed = 42;
   int threads = 0;           // 0: all cores
+  // Quantized matrices take each row from a pool of kSynthPoolRows random rows quantized
+  // once per tensor (the pool row picked by a hash of the seed, tensor and row): the same
+  // types, sizes and value distribution, made in seconds where quantizing every row into a
+  // K-quant takes minutes (8B q4_K_M: ~1 min on 16 cores). For benchmarks, whose speed does
+  // not depend on the values.
+  bool row_pool = false;
   std::function<void(uint64_t done, uint64_t total, const std::string& tensor)> progress;
 };
 

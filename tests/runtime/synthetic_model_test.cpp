@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <string>
 
 #include "backend/cpu/cpu_backend.h"
 #include "formats/gguf.h"
@@ -90,6 +92,39 @@ TEST(Synth, SameSeedSameBytesAnyThreadCount) {
   ASSERT_EQ(ta->bytes, tb->bytes);
   EXPECT_EQ(std::memcmp(ta->data, tb->data, ta->bytes), 0);
   EXPECT_NE(std::memcmp(ta->data, tc->data, ta->bytes), 0);
+}
+
+// --fast: every row of a pooled matrix is one of kSynthPoolRows rows quantized once; the
+// file keeps the types, sizes and value distribution of a normal one.
+TEST(Synth, RowPoolKeepsTypesSizesAndDistribution) {
+  TempFile normal("pool_off.gguf"), fast("pool_on.gguf");
+  SynthOptions o;
+  o.type = GgmlType::Q4_K;
+  o.threads = 2;
+  write_synthetic_model(synthetic_preset("test-tiny"), o, normal.path);
+  o.row_pool = true;
+  write_synthetic_model(synthetic_preset("test-tiny"), o, fast.path);
+  auto fn = gguf::File::open(normal.path), ff = gguf::File::open(fast.path);
+  ASSERT_EQ(fn->tensors().size(), ff->tensors().size());
+  for (size_t i = 0; i < fn->tensors().size(); ++i) {
+    EXPECT_EQ(fn->tensors()[i].name, ff->tensors()[i].name);
+    EXPECT_EQ(fn->tensors()[i].type, ff->tensors()[i].type) << fn->tensors()[i].name;
+    EXPECT_EQ(fn->tensors()[i].bytes, ff->tensors()[i].bytes) << fn->tensors()[i].name;
+  }
+  const gguf::TensorInfo* t = ff->find_tensor("token_embd.weight");  // 512 rows of 256
+  ASSERT_NE(t, nullptr);
+  const int64_t rows = t->shape[1];
+  const size_t row = t->bytes / size_t(rows);
+  std::set<std::string> distinct;
+  for (int64_t r = 0; r < rows; ++r)
+    distinct.insert(std::string(reinterpret_cast<const char*>(t->data) + size_t(r) * row, row));
+  EXPECT_LE(int64_t(distinct.size()), kSynthPoolRows);
+  EXPECT_GT(distinct.size(), 200u);  // drawn across the pool, not one row repeated
+  std::vector<float> values(size_t(t->elements()));
+  dequantize_row(t->type, t->data, values.data(), t->elements());
+  double squares = 0;
+  for (float v : values) squares += double(v) * v;
+  EXPECT_NEAR(std::sqrt(squares / double(values.size())), 0.02, 0.002);
 }
 
 TEST(Synth, Q4KMMixFollowsLlamaCppRule) {
