@@ -30,8 +30,8 @@ using Clock = std::chrono::steady_clock;
 
 struct BenchCli {
   ModelOptions model;
-  int n_prompt = 512;
-  int n_gen = 128;
+  std::vector<int> n_prompt{512};  // one pp test per value (0: none)
+  std::vector<int> n_gen{128};     // one tg test per value (0: none)
   int repetitions = 3;
   std::string output = "md";
   uint64_t seed = 1234;
@@ -272,12 +272,20 @@ void print_json(const ModelFacts& m, const std::vector<TestResult>& results, boo
 
 void run(const BenchCli& cli) {
   KILN_CHECK(cli.output == "md" || cli.output == "json", "output format '{}': use md or json", cli.output);
-  KILN_CHECK(cli.n_prompt >= 0 && cli.n_gen >= 0 && cli.n_prompt + cli.n_gen > 0, "nothing to measure (-p {} -n {})",
-             cli.n_prompt, cli.n_gen);
+  int max_prompt = 0, max_gen = 0;
+  for (int n : cli.n_prompt) {
+    KILN_CHECK(n >= 0, "-p {}: token counts cannot be negative", n);
+    max_prompt = std::max(max_prompt, n);
+  }
+  for (int n : cli.n_gen) {
+    KILN_CHECK(n >= 0, "-n {}: token counts cannot be negative", n);
+    max_gen = std::max(max_gen, n);
+  }
+  KILN_CHECK(max_prompt + max_gen > 0, "nothing to measure (-p and -n are all 0)");
   KILN_CHECK(cli.repetitions > 0, "repetitions {} (-r)", cli.repetitions);
   ModelOptions mo = cli.model;
-  mo.n_ctx = std::max(cli.n_prompt, cli.n_gen);
-  mo.max_batch = std::max(cli.n_prompt, 1);
+  mo.n_ctx = std::max(max_prompt, max_gen);
+  mo.max_batch = std::max(max_prompt, 1);
   LoadedModel m = load_model(mo, /*with_tokenizer=*/false);
 
   ModelFacts facts;
@@ -296,8 +304,11 @@ void run(const BenchCli& cli) {
 
   Bench bench(*m.model, m.n_ctx, m.cache_type, cli.seed);
   std::vector<TestResult> results;
-  if (cli.n_prompt > 0) results.push_back(run_test(bench, cli.n_prompt, 0, cli.repetitions, cli.host_tokens));
-  if (cli.n_gen > 0) results.push_back(run_test(bench, 0, cli.n_gen, cli.repetitions, cli.host_tokens));
+  // llama-bench's order: every prompt test, then every generation test.
+  for (int n : cli.n_prompt)
+    if (n > 0) results.push_back(run_test(bench, n, 0, cli.repetitions, cli.host_tokens));
+  for (int n : cli.n_gen)
+    if (n > 0) results.push_back(run_test(bench, 0, n, cli.repetitions, cli.host_tokens));
   if (cli.output == "md") print_markdown(facts, results);
   else print_json(facts, results, cli.host_tokens);
 }
@@ -308,8 +319,12 @@ void register_bench(CLI::App& app) {
   auto cli = std::make_shared<BenchCli>();
   auto* cmd = app.add_subcommand("bench", "Measure prompt (pp) and generation (tg) speed, llama-bench style");
   add_model_options(cmd, cli->model, /*with_context=*/false);
-  cmd->add_option("-p,--n-prompt", cli->n_prompt, "Prompt tokens in one pass (0: skip)")->capture_default_str();
-  cmd->add_option("-n,--n-gen", cli->n_gen, "Tokens generated one at a time (0: skip)")->capture_default_str();
+  cmd->add_option("-p,--n-prompt", cli->n_prompt, "Prompt tokens in one pass; a comma list runs one test each (0: skip)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", cli->n_gen, "Tokens generated one at a time; a comma list runs one test each (0: skip)")
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("-r,--repetitions", cli->repetitions, "Measured runs of each test")->capture_default_str();
   cmd->add_option("-o,--output", cli->output, "md (llama-bench's table) or json (its records)")->capture_default_str();
   cmd->add_option("--seed", cli->seed, "Seed of the random prompt tokens")->capture_default_str();
