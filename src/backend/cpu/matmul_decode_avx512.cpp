@@ -65,6 +65,15 @@ int decode_bias_shift(GgmlType type) {
 
 namespace {
 
+// Row i of the range [r0, r1) in the order the decode kernels take them: rows of the two
+// halves in turn, so that each thread reads two streams. Two streams per thread keep more of
+// the memory system busy than one (two threads on the development VM: 24.8 vs 18.3 GB/s in a
+// plain read loop; q4_0 tg64 +9%, median of 9 alternating pairs).
+inline int64_t decode_row(int64_t r0, int64_t r1, int64_t i) {
+  const int64_t half = (r1 - r0 + 1) / 2;
+  return r0 + (i % 2 == 0 ? i / 2 : half + i / 2);
+}
+
 // The shared loop of the quad decode kernels: `Weights` turns quad `qd` of a row into two
 // u8 vectors (lanes as in DecodeToken) and the 16 lanes' weight scales; the accumulator
 // starts at the token's `bias`, the lanes' share of the weights' zero point.
@@ -73,7 +82,8 @@ void decode_quads(const uint8_t* w, size_t row_bytes, size_t block_bytes, GgmlTy
                   const DecodeToken* tokens, float* y, int64_t y_stride, Weights weights) {
   const int64_t n_quads = tokens[0].n_quads;
   const int64_t n_blocks = int64_t(row_bytes / block_bytes);
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t i = 0; i < r1 - r0; ++i) {
+    const int64_t r = decode_row(r0, r1, i);
     const uint8_t* row = w + size_t(r) * row_bytes;
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -162,7 +172,8 @@ void decode_nibble_rows(const NibbleFormat& f, const NibbleIndices& idx, const u
   alignas(64) uint8_t levels[64];
   for (int i = 0; i < 64; ++i) levels[i] = uint8_t(kIq4Levels[i % 16] + 128);
   const __m512i table = _mm512_load_si512(levels);
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t i = 0; i < r1 - r0; ++i) {
+    const int64_t r = decode_row(r0, r1, i);
     const uint8_t* row = w + size_t(r) * row_bytes;
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -315,7 +326,8 @@ void decode_q4_K_rows(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1
   const int64_t n_super = tokens[0].n_quads / 2;
   const __m512i nib = _mm512_set1_epi8(0x0F), even = even_lanes_ab(), odd = odd_lanes_ab();
   const __m512i idx_sc[2] = {lane_index(0), lane_index(4)}, idx_mn[2] = {lane_index(8), lane_index(12)};
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t i = 0; i < r1 - r0; ++i) {
+    const int64_t r = decode_row(r0, r1, i);
     const uint8_t* row = w + size_t(r) * row_bytes;
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -374,7 +386,8 @@ void decode_q6_K_rows(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1
       for (int l = 0; l < 16; ++l) idx[l] = 8 * h + 2 * (l / 4) + part;
       idx_sc[h][part] = _mm512_load_si512(idx);
     }
-  for (int64_t r = r0; r < r1; ++r) {
+  for (int64_t i = 0; i < r1 - r0; ++i) {
+    const int64_t r = decode_row(r0, r1, i);
     const uint8_t* row = w + size_t(r) * row_bytes;
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
