@@ -30,31 +30,12 @@ struct DeviceModel {
   int vocab() const { return model->hparams().n_vocab; }
 
   std::vector<float> prefill_logits(const std::vector<int32_t>& ids) {
-    KvCache cache(*backend, model->cache_config(128));
-    const int seq = cache.add_sequence();
-    Batch batch;
-    for (size_t i = 0; i < ids.size(); ++i) batch.add(ids[i], int32_t(i), seq, true);
-    return model->forward(batch, cache);
+    return prefill_all_logits(*model, *backend, ids, 128);
   }
 
   // Greedy decoding; every step's logits are appended to `all_logits` when given.
   std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int n, std::vector<float>* all_logits = nullptr) {
-    KvCache cache(*backend, model->cache_config(256));
-    const int seq = cache.add_sequence();
-    Batch batch;
-    for (size_t i = 0; i < prompt.size(); ++i) batch.add(prompt[i], int32_t(i), seq, i + 1 == prompt.size());
-    std::vector<float> logits = model->forward(batch, cache);
-    std::vector<int32_t> out;
-    int32_t pos = int32_t(prompt.size());
-    for (int step = 0; step < n; ++step) {
-      if (all_logits) all_logits->insert(all_logits->end(), logits.begin(), logits.end());
-      out.push_back(argmax_row(logits.data(), vocab()));
-      if (step + 1 == n) break;
-      batch.clear();
-      batch.add(out.back(), pos++, seq, true);
-      logits = model->forward(batch, cache);
-    }
-    return out;
+    return greedy_decode(*model, *backend, prompt, n, 256, all_logits);
   }
 };
 

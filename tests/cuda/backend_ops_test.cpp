@@ -10,17 +10,12 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_support.h"
+#include "twin_tensors.h"
 
 namespace kiln::testing {
 namespace {
 
 using cuda::testing::all_close;
-
-// The same host data as a tensor on the CPU backend and on the CUDA backend.
-struct Twin {
-  std::unique_ptr<Buffer> cpu_buf, gpu_buf;
-  Tensor cpu, gpu;
-};
 
 class BackendOps : public ::testing::Test {
  protected:
@@ -35,16 +30,7 @@ class BackendOps : public ::testing::Test {
 
   template <typename T>
   Twin make(GgmlType type, std::initializer_list<int64_t> shape, const std::vector<T>& data) {
-    Twin t;
-    const size_t bytes = data.size() * sizeof(T);
-    t.cpu_buf = cpu_.allocate(bytes);
-    t.gpu_buf = gpu_->allocate(bytes);
-    t.cpu = t.cpu_buf->view(type, shape);
-    t.gpu = t.gpu_buf->view(type, shape);
-    EXPECT_EQ(t.cpu.bytes(), bytes);
-    cpu_.upload(data.data(), t.cpu, bytes);
-    gpu_->upload(data.data(), t.gpu, bytes);
-    return t;
+    return make_twin(cpu_, *gpu_, type, shape, data);
   }
   Twin random(std::initializer_list<int64_t> shape, float lo = -1.0f, float hi = 1.0f) {
     int64_t n = 1;

@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_support.h"
+#include "twin_tensors.h"
 
 namespace kiln::testing {
 namespace {
@@ -43,12 +44,6 @@ void PrintTo(const CacheCase& c, std::ostream* os) { *os << describe(c); }
 
 class F16Cache : public ::testing::TestWithParam<CacheCase> {
  protected:
-  // The same host data as a tensor on each backend.
-  struct Twin {
-    std::unique_ptr<Buffer> cpu_buf, gpu_buf;
-    Tensor cpu, gpu;
-  };
-
   void SetUp() override {
     std::string why;
     if (cuda::list_devices(&why).empty()) GTEST_SKIP() << "no CUDA device (" << why << "): GPU test not run";
@@ -59,16 +54,7 @@ class F16Cache : public ::testing::TestWithParam<CacheCase> {
 
   template <typename T>
   Twin make(GgmlType type, std::initializer_list<int64_t> shape, const std::vector<T>& data) {
-    Twin t;
-    const size_t bytes = data.size() * sizeof(T);
-    t.cpu_buf = cpu_.allocate(bytes);
-    t.gpu_buf = gpu_->allocate(bytes);
-    t.cpu = t.cpu_buf->view(type, shape);
-    t.gpu = t.gpu_buf->view(type, shape);
-    EXPECT_EQ(t.cpu.bytes(), bytes);
-    cpu_.upload(data.data(), t.cpu, bytes);
-    gpu_->upload(data.data(), t.gpu, bytes);
-    return t;
+    return make_twin(cpu_, *gpu_, type, shape, data);
   }
 
   template <typename T>
