@@ -206,6 +206,14 @@ class Backend {
     Tensor* out = nullptr;
   };
   virtual void matmul_parts(const Tensor& x, std::span<const MatmulPart> parts);
+  // A pre-norm block's products: normed = rmsnorm(x) * norm_weight, then matmul_parts(normed,
+  // parts). normed is always written (later ops may read it). A backend may compute the
+  // norm inside the products' kernel (CUDA decode does); the default runs the two ops.
+  virtual void rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
+                                    std::span<const MatmulPart> parts);
+  // A product added to a residual stream: out = x @ w^T (+ bias), then residual += out.
+  // out and residual {N, T}, distinct. Default: matmul() then add().
+  virtual void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual);
   // Rotates x {head_dim, n_heads, T} in place by the positions [T].
   virtual void rope(Tensor& x, const Tensor& positions, const RopeParams& params);
   // Writes k {n_head_kv*head_dim_k, T} and v into the cache slots of the batch.

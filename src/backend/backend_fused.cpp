@@ -12,4 +12,15 @@ void Backend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
   }
 }
 
+void Backend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
+                                   std::span<const MatmulPart> parts) {
+  rmsnorm(x, norm_weight, eps, normed);
+  matmul_parts(normed, parts);
+}
+
+void Backend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) {
+  matmul(x, w, bias, out);
+  add(residual, out, residual);
+}
+
 }  // namespace kiln

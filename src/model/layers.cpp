@@ -14,31 +14,43 @@ void build_norm(ForwardPass& p, const Tensor& x, const Tensor& weight, Tensor& o
   p.observe(out, name, il);
 }
 
-Tensor build_attention(ForwardPass& p, int il, const Tensor& x) {
+namespace {
+
+struct QkvScratch {
+  Tensor q, k, v;
+};
+
+QkvScratch qkv_scratch(ForwardPass& p) {
+  const HParams& hp = p.hp;
+  return {p.scratch("q", int64_t(hp.n_head) * hp.head_dim_k, p.n_tokens),
+          p.scratch("k", int64_t(hp.n_head_kv) * hp.head_dim_k, p.n_tokens),
+          p.scratch("v", int64_t(hp.n_head_kv) * hp.head_dim_v, p.n_tokens)};
+}
+
+void observe_qkv(ForwardPass& p, const QkvScratch& t, int il) {
+  p.observe(t.q, "Qcur", il);
+  p.observe(t.k, "Kcur", il);
+  p.observe(t.v, "Vcur", il);
+}
+
+// Between the projections and the output projection: optional per-head q/k norms, rope,
+// the cache store and attention. Returns {n_head * head_dim_v, T} ("kqv_out").
+Tensor attend(ForwardPass& p, int il, QkvScratch& t) {
   const HParams& hp = p.hp;
   const LayerWeights& lw = p.w.layers[size_t(il)];
   const int64_t T = p.n_tokens;
   Backend& be = p.backend;
 
-  Tensor q = p.scratch("q", int64_t(hp.n_head) * hp.head_dim_k, T);
-  Tensor k = p.scratch("k", int64_t(hp.n_head_kv) * hp.head_dim_k, T);
-  Tensor v = p.scratch("v", int64_t(hp.n_head_kv) * hp.head_dim_v, T);
-  const Backend::MatmulPart qkv[] = {{&lw.wq, &lw.bq, &q}, {&lw.wk, &lw.bk, &k}, {&lw.wv, &lw.bv, &v}};
-  be.matmul_parts(x, qkv);  // one launch on backends that can
-  p.observe(q, "Qcur", il);
-  p.observe(k, "Kcur", il);
-  p.observe(v, "Vcur", il);
-
   // Heads as rows: {head_dim, heads, T}.
-  Tensor q_heads = q.reshape({hp.head_dim_k, hp.n_head, T});
-  Tensor k_heads = k.reshape({hp.head_dim_k, hp.n_head_kv, T});
+  Tensor q_heads = t.q.reshape({hp.head_dim_k, hp.n_head, T});
+  Tensor k_heads = t.k.reshape({hp.head_dim_k, hp.n_head_kv, T});
   if (!lw.q_norm.empty()) {
     be.rmsnorm(q_heads, lw.q_norm, hp.rms_eps, q_heads);
-    p.observe(q, "Qcur_normed", il);
+    p.observe(t.q, "Qcur_normed", il);
   }
   if (!lw.k_norm.empty()) {
     be.rmsnorm(k_heads, lw.k_norm, hp.rms_eps, k_heads);
-    p.observe(k, "Kcur_normed", il);
+    p.observe(t.k, "Kcur_normed", il);
   }
 
   RopeParams rope;
@@ -50,11 +62,11 @@ Tensor build_attention(ForwardPass& p, int il, const Tensor& x) {
   rope.yarn = hp.yarn;
   be.rope(q_heads, p.index.positions, rope);
   be.rope(k_heads, p.index.positions, rope);
-  p.observe(q, "Qcur_rope", il);
-  p.observe(k, "Kcur_rope", il);
+  p.observe(t.q, "Qcur_rope", il);
+  p.observe(t.k, "Kcur_rope", il);
 
   KvLayer cache = p.cache.layer(il);
-  be.kv_store(k, v, cache, p.index.slots);
+  be.kv_store(t.k, t.v, cache, p.index.slots);
 
   AttentionParams ap;
   ap.n_head = hp.n_head;
@@ -66,11 +78,22 @@ Tensor build_attention(ForwardPass& p, int il, const Tensor& x) {
   ap.sliding_window = hp.uses_window(il) ? hp.sliding_window : 0;
   ap.sinks = lw.attn_sinks.empty() ? nullptr : &lw.attn_sinks;
   Tensor attn = p.scratch("attn", int64_t(hp.n_head) * hp.head_dim_v, T);
-  be.attention(q, cache, p.index, ap, attn);
+  be.attention(t.q, cache, p.index, ap, attn);
   p.observe(attn, "kqv_out", il);
+  return attn;
+}
 
-  Tensor out = p.scratch("attn_out", hp.n_embd, T);
-  be.matmul(attn, lw.wo, lw.bo, out);
+}  // namespace
+
+Tensor build_attention(ForwardPass& p, int il, const Tensor& x) {
+  const LayerWeights& lw = p.w.layers[size_t(il)];
+  QkvScratch t = qkv_scratch(p);
+  const Backend::MatmulPart qkv[] = {{&lw.wq, &lw.bq, &t.q}, {&lw.wk, &lw.bk, &t.k}, {&lw.wv, &lw.bv, &t.v}};
+  p.backend.matmul_parts(x, qkv);  // one launch on backends that can
+  observe_qkv(p, t, il);
+  const Tensor attn = attend(p, il, t);
+  Tensor out = p.scratch("attn_out", p.hp.n_embd, p.n_tokens);
+  p.backend.matmul(attn, lw.wo, lw.bo, out);
   p.observe(out, "attn_out", il);
   return out;
 }
@@ -117,24 +140,46 @@ void build_output(ForwardPass& p, const Tensor& x) {
   p.observe(p.logits, "result_output");
 }
 
-void build_prenorm_layers(ForwardPass& p, Tensor& x, const std::function<Tensor(int, const Tensor&)>& ffn) {
+void build_prenorm_layers(ForwardPass& p, Tensor& x, const GluParams& act, const MoeRouteParams& route) {
   const HParams& hp = p.hp;
+  const float eps = hp.rms_eps;
+  Backend& be = p.backend;
   Tensor cur = p.scratch("cur", hp.n_embd, p.n_tokens);
-  build_norm(p, x, p.w.layers[0].attn_norm, cur, "attn_norm", 0);
   for (int il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& lw = p.w.layers[size_t(il)];
-    Tensor attn = build_attention(p, il, cur);
-    p.backend.add_rmsnorm(attn, x, lw.ffn_norm, hp.rms_eps, cur);  // x += attn; cur = norm(x)
-    p.observe(cur, "ffn_norm", il);
-    Tensor out = ffn(il, cur);
-    if (il + 1 < hp.n_layer) {
-      p.backend.add_rmsnorm(out, x, p.w.layers[size_t(il) + 1].attn_norm, hp.rms_eps, cur);
-      p.observe(x, "l_out", il);
-      p.observe(cur, "attn_norm", il + 1);
+
+    // x += attention(norm(x)): the norm computed with the q/k/v products, the residual
+    // add with the output projection.
+    QkvScratch t = qkv_scratch(p);
+    const Backend::MatmulPart qkv[] = {{&lw.wq, &lw.bq, &t.q}, {&lw.wk, &lw.bk, &t.k}, {&lw.wv, &lw.bv, &t.v}};
+    be.rmsnorm_matmul_parts(x, lw.attn_norm, eps, cur, qkv);
+    p.observe(cur, "attn_norm", il);
+    observe_qkv(p, t, il);
+    const Tensor attn = attend(p, il, t);
+    Tensor attn_out = p.scratch("attn_out", hp.n_embd, p.n_tokens);
+    be.matmul_add(attn, lw.wo, lw.bo, attn_out, x);
+    p.observe(attn_out, "attn_out", il);
+
+    // x += ffn(norm(x)), likewise for a gated MLP; routed experts on layers with a router.
+    if (lw.moe_router.empty()) {
+      const int64_t n_ff = lw.ffn_gate.ne[1];
+      Tensor gate = p.scratch("ffn_gate", n_ff, p.n_tokens);
+      Tensor up = p.scratch("ffn_up", n_ff, p.n_tokens);
+      const Backend::MatmulPart gate_up[] = {{&lw.ffn_gate, &lw.ffn_gate_b, &gate}, {&lw.ffn_up, &lw.ffn_up_b, &up}};
+      be.rmsnorm_matmul_parts(x, lw.ffn_norm, eps, cur, gate_up);
+      p.observe(cur, "ffn_norm", il);
+      be.glu(gate, up, act, gate);
+      p.observe(gate, "ffn_act", il);
+      Tensor out = p.scratch("ffn_out", hp.n_embd, p.n_tokens);
+      be.matmul_add(gate, lw.ffn_down, lw.ffn_down_b, out, x);
+      p.observe(out, "ffn_out", il);
     } else {
-      p.backend.add(x, out, x);
-      p.observe(x, "l_out", il);
+      be.rmsnorm(x, lw.ffn_norm, eps, cur);
+      p.observe(cur, "ffn_norm", il);
+      const Tensor out = build_moe(p, il, cur, route, act);
+      be.add(x, out, x);
     }
+    p.observe(x, "l_out", il);
   }
 }
 

@@ -4,8 +4,6 @@
 // (reused by every layer) and reports its result to the debug hook under the name given.
 // What varies between architectures is passed in or read from the weights present
 // (biases, q/k norms, sinks) and from HParams (window, soft-capping, rope).
-#include <functional>
-
 #include "model/forward.h"
 
 namespace kiln {
@@ -32,11 +30,11 @@ Tensor build_moe(ForwardPass& pass, int il, const Tensor& x, const MoeRouteParam
 // final soft-capping when the model has it; writes pass.logits ("result_output").
 void build_output(ForwardPass& pass, const Tensor& x);
 
-// The pre-norm stack of llama and qwen:  x += attention(norm(x));  x += ffn(norm(x)),
-// the residual stream x updated in place. Each residual add is fused into the norm that
-// follows it (add_rmsnorm), the next layer's attention norm included, so a layer costs one
-// op less than add-then-norm. `ffn(il, normed)` returns the FFN (or MoE) output.
-void build_prenorm_layers(ForwardPass& pass, Tensor& x,
-                          const std::function<Tensor(int il, const Tensor& normed)>& ffn);
+// The pre-norm stack of llama and qwen, the residual stream x updated in place:
+//   x += attention(norm(x));  x += ffn(norm(x)),
+// ffn a gated MLP with activation `act`, or routed experts (`route`) on layers that have a
+// router. Each norm goes with the products that read it (rmsnorm_matmul_parts) and each
+// residual add with the product before it (matmul_add), so that a backend can fuse them.
+void build_prenorm_layers(ForwardPass& pass, Tensor& x, const GluParams& act, const MoeRouteParams& route);
 
 }  // namespace kiln

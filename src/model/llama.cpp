@@ -56,9 +56,7 @@ void forward(ForwardPass& p) {
   const GluParams silu{Activation::Silu};
   const MoeRouteParams route{hp.n_expert_used, hp.expert_gating, hp.expert_weights_norm, hp.expert_weights_scale};
   Tensor x = build_embedding(p);  // the residual stream, updated in place
-  build_prenorm_layers(p, x, [&](int il, const Tensor& cur) {
-    return hp.n_expert > 0 ? build_moe(p, il, cur, route, silu) : build_ffn(p, il, cur, silu);
-  });
+  build_prenorm_layers(p, x, silu, route);
   build_output(p, x);
 }
 

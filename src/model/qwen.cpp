@@ -69,10 +69,7 @@ void forward(ForwardPass& p) {
   const GluParams silu{Activation::Silu};
   const MoeRouteParams route{hp.n_expert_used, hp.expert_gating, hp.expert_weights_norm, hp.expert_weights_scale};
   Tensor x = build_embedding(p);  // the residual stream, updated in place
-  build_prenorm_layers(p, x, [&](int il, const Tensor& cur) {
-    const LayerWeights& lw = p.w.layers[size_t(il)];
-    return lw.moe_router.empty() ? build_ffn(p, il, cur, silu) : build_moe(p, il, cur, route, silu);
-  });
+  build_prenorm_layers(p, x, silu, route);
   build_output(p, x);
 }
 

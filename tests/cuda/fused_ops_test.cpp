@@ -1,7 +1,10 @@
 // The CUDA backend's fused decode paths against the same products run apart, bit for bit:
 //   - matmul_parts (q/k/v or gate/up as one grouped launch) vs one matmul per weight;
 //   - rmsnorm / add_rmsnorm / glu writing the int8 copy of their output for the next matmul
-//     vs that matmul quantizing the output itself.
+//     vs that matmul quantizing the output itself;
+//   - rmsnorm_matmul_parts (the norm computed inside the products' launch) vs the products
+//     of the normalized vector it wrote, and that vector vs a double-precision rmsnorm;
+//   - matmul_add (the residual add in the product's epilogue) vs matmul, and residual + out.
 // Both sides use the same int8 activations and the same per-row arithmetic, so any
 // difference is a wrong row, part, offset or scale. Outputs are poisoned (NaN) first.
 #include <gtest/gtest.h>
@@ -15,6 +18,7 @@
 namespace kiln::testing {
 namespace {
 
+using cuda::testing::all_close;
 using cuda::testing::all_equal_bits;
 using cuda::testing::random_floats;
 using cuda::testing::random_rows;
@@ -108,6 +112,63 @@ TEST_F(FusedOps, NormAndGluInt8CopyMatchesQuantizingAgain) {
     gpu_->glu(gate, up, GluParams{Activation::Silu}, gate);
     gpu_->matmul(gate, w_down, none, down);
     EXPECT_TRUE(all_equal_bits(host(down), apart(gate, w_down, none), "glu -> matmul"));
+  }
+}
+
+TEST_F(FusedOps, NormInsideProductsMatchesProductsOfTheNormedVector) {
+  constexpr float kEps = 1e-5f;
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
+    // 8448 columns: wider than the in-kernel norm takes, so the composed ops run.
+    for (int64_t K : {512, 4096, 8448}) {
+      for (int64_t T : {1, 3}) {
+        SCOPED_TRACE(std::string(type_name(type)) + " K " + std::to_string(K) + " T " + std::to_string(T));
+        const std::vector<float> x_host = random_floats(rng_, size_t(K * T), -1.5f, 1.5f);
+        const std::vector<float> w_host = random_floats(rng_, size_t(K), 0.5f, 1.5f);
+        const Tensor x = floats({K, T}, x_host), norm_w = floats({K}, w_host);
+        const Tensor wq = weight(type, K, 200), wk = weight(type, K, 33), wv = weight(type, K, 64);
+        const Tensor bias = random({33}), none;
+        Tensor normed = poisoned(K, T), q = poisoned(200, T), k = poisoned(33, T), v = poisoned(64, T);
+        const Backend::MatmulPart parts[] = {{&wq, &none, &q}, {&wk, &bias, &k}, {&wv, nullptr, &v}};
+        gpu_->rmsnorm_matmul_parts(x, norm_w, kEps, normed, parts);
+
+        std::vector<double> want(size_t(K * T));
+        for (int64_t t = 0; t < T; ++t) {
+          double sum_sq = 0;
+          for (int64_t i = 0; i < K; ++i) sum_sq += double(x_host[size_t(t * K + i)]) * x_host[size_t(t * K + i)];
+          const double inv = 1.0 / std::sqrt(sum_sq / double(K) + kEps);
+          for (int64_t i = 0; i < K; ++i) want[size_t(t * K + i)] = x_host[size_t(t * K + i)] * inv * w_host[size_t(i)];
+        }
+        // f32: rsqrt (2 ulp), two rounded products, a sum of K squares in another order.
+        EXPECT_TRUE(all_close(host(normed), want, 2e-6, 0.0, "normed vs double rmsnorm"));
+        EXPECT_TRUE(all_equal_bits(host(q), apart(normed, wq, none), "q"));
+        EXPECT_TRUE(all_equal_bits(host(k), apart(normed, wk, bias), "k (with bias)"));
+        EXPECT_TRUE(all_equal_bits(host(v), apart(normed, wv, none), "v"));
+      }
+    }
+  }
+}
+
+TEST_F(FusedOps, MatmulAddWritesTheProductAndAddsItToTheResidual) {
+  const int64_t K = 4096, N = 300;
+  // f16 weights are not grouped-kernel weights: the composed ops run.
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16}) {
+    for (int64_t T : {1, 3}) {
+      // x fresh (quantized inside the product), or left by rmsnorm with its int8 copy.
+      for (bool after_norm : {false, true}) {
+        SCOPED_TRACE(std::string(type_name(type)) + " T " + std::to_string(T) + (after_norm ? " after rmsnorm" : ""));
+        Tensor x = random({K, T});
+        if (after_norm) gpu_->rmsnorm(x, Tensor{}, 1e-5f, x);
+        const Tensor w = weight(type, K, N), bias = random({N});
+        const std::vector<float> residual_host = random_floats(rng_, size_t(N * T), -3.0f, 3.0f);
+        Tensor residual = floats({N, T}, residual_host), out = poisoned(N, T);
+        gpu_->matmul_add(x, w, bias, out, residual);
+        const std::vector<float> got_out = host(out), got_residual = host(residual);
+        EXPECT_TRUE(all_equal_bits(got_out, apart(x, w, bias), "out"));
+        std::vector<float> want_residual(residual_host.size());
+        for (size_t i = 0; i < want_residual.size(); ++i) want_residual[i] = residual_host[i] + got_out[i];
+        EXPECT_TRUE(all_equal_bits(got_residual, want_residual, "residual"));
+      }
+    }
   }
 }
 

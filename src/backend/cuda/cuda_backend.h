@@ -61,6 +61,9 @@ class CudaBackend final : public Backend {
   void add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& weight, float eps, Tensor& out) override;
   void matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) override;
   void matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) override;
+  void rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
+                            std::span<const MatmulPart> parts) override;
+  void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) override;
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
   void kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) override;
   void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& params,
@@ -94,6 +97,9 @@ class CudaBackend final : public Backend {
   void stage_upload(const void* host, void* dst, size_t bytes);
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
+  // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp); with
+  // `residual`, the one part's output is also added to it.
+  void record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts, Tensor* residual);
   void add_bias(const Tensor& bias, Tensor& out);
   // MoE (cuda_backend_moe.cpp): every expert on every token, for expert types the routed
   // kernels refuse (gate and up of different types).

@@ -1,8 +1,12 @@
-// The CUDA backend's fused products: several weights over one input (q/k/v, gate/up) as one
-// grouped-matvec launch in decode. Anything the fused path does not take (prefill, exact
-// mode, weight types other than q4_0 / q8_0, mixed types or widths) runs as separate
-// matmul() calls, exactly as the composed fallback of backend.h does.
+// The CUDA backend's fused products in decode, each one grouped-matvec launch per token:
+//   - matmul_parts: several weights over one input (q/k/v, gate/up);
+//   - rmsnorm_matmul_parts: the same with the input's RMS norm computed inside the launch
+//     (every block normalizes and quantizes x itself; no norm kernel runs before);
+//   - matmul_add: a product whose epilogue also adds it to the residual stream.
+// Anything the grouped kernel does not take (prefill, exact mode, weight types other than
+// q4_0 / q8_0 / q4_K, mixed types or widths) runs as the composed ops of backend.h.
 #include <array>
+#include <optional>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/matvec_grouped.h"
@@ -28,68 +32,174 @@ bool overlaps(const float* a, int64_t a_floats, const float* b, int64_t b_floats
   return a < b + b_floats && b < a + a_floats;
 }
 
-}  // namespace cuda_fused
+// Floats spanned by the T rows of a packed f32 tensor.
+int64_t span_floats(const Tensor& t) { return (t.ne[1] - 1) * int64_t(t.nb[1] / 4) + t.ne[0]; }
 
-void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
-  using namespace cuda_fused;
+// The weight type when the grouped kernel can take these parts over x in one launch per
+// token: decode batch, one quantized type of the kernel's, one width, packed f32 outputs
+// that do not overlap x.
+std::optional<GgmlType> grouped_type(const CudaOptions& o, const Tensor& x, std::span<const Backend::MatmulPart> parts) {
   const int64_t K = x.ne[0], T = x.ne[1];
-  bool fused = !options_.exact && options_.fused && !parts.empty() && parts.size() <= size_t(cuda::kMaxMatvecParts) &&
-               packed_f32(x) && T <= kMaxTokens;
-  const GgmlType type = fused ? parts[0].w->dtype : GgmlType::F32;
-  fused = fused && (type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K);
-  for (const MatmulPart& p : parts) {
-    if (!fused) break;
+  if (o.exact || !o.fused || parts.empty() || parts.size() > size_t(cuda::kMaxMatvecParts) || !packed_f32(x) ||
+      T > kMaxTokens)
+    return std::nullopt;
+  const GgmlType type = parts[0].w->dtype;
+  if (type != GgmlType::Q4_0 && type != GgmlType::Q8_0 && type != GgmlType::Q4_K) return std::nullopt;
+  for (const Backend::MatmulPart& p : parts) {
     KILN_CHECK(p.w && p.out, "cuda matmul_parts: a part lacks its weight or output");
     const Tensor& w = *p.w;
     const Tensor& out = *p.out;
     const Tensor bias = p.bias ? *p.bias : Tensor{};
-    fused = w.dtype == type && w.device == Device::Cuda && w.ne[0] == K && w.ne[2] == 1 && w.ne[3] == 1 &&
-            w.nb[1] == parts[0].w->nb[1] && packed_f32(out) && out.ne[0] == w.ne[1] && out.ne[1] == T &&
-            (bias.empty() || (packed_f32(bias) && bias.elements() == w.ne[1])) &&
-            !overlaps(out.as<float>(), (T - 1) * int64_t(out.nb[1] / 4) + out.ne[0], x.as<float>(),
-                      (T - 1) * int64_t(x.nb[1] / 4) + K);
+    const bool fits = w.dtype == type && w.device == Device::Cuda && w.ne[0] == K && w.ne[2] == 1 && w.ne[3] == 1 &&
+                      w.nb[1] == parts[0].w->nb[1] && packed_f32(out) && out.ne[0] == w.ne[1] && out.ne[1] == T &&
+                      (bias.empty() || (packed_f32(bias) && bias.elements() == w.ne[1])) &&
+                      !overlaps(out.as<float>(), span_floats(out), x.as<float>(), span_floats(x));
+    if (!fits) return std::nullopt;
   }
-  if (!fused) return Backend::matmul_parts(x, parts);
+  return type;
+}
 
-  const size_t per_token = q8_row_bytes(K);
-  auto* q8 = static_cast<uint8_t*>(scratch(q8_scratch_, per_token * kMaxTokens));
+// The kernel's view of the parts (token 0), with each output's row stride in floats.
+struct GroupedParts {
   std::array<cuda::MatvecPart, cuda::kMaxMatvecParts> mv{};
   std::array<int64_t, cuda::kMaxMatvecParts> y_stride{};
-  const size_t n = parts.size();
-  for (size_t i = 0; i < n; ++i) {
-    mv[i].w = parts[i].w->data;
-    mv[i].rows = parts[i].w->ne[1];
-    mv[i].add = parts[i].bias && !parts[i].bias->empty() ? parts[i].bias->as<float>() : nullptr;
-    mv[i].y = parts[i].out->as<float>();
-    y_stride[i] = int64_t(parts[i].out->nb[1] / 4);
+  size_t n = 0;
+  // Token t's parts: outputs (and accumulators, which have the outputs' shape) moved t rows.
+  std::array<cuda::MatvecPart, cuda::kMaxMatvecParts> token(int64_t t) const {
+    std::array<cuda::MatvecPart, cuda::kMaxMatvecParts> row = mv;
+    for (size_t i = 0; i < n; ++i) {
+      row[i].y += t * y_stride[i];
+      if (row[i].accumulate) row[i].accumulate += t * y_stride[i];
+    }
+    return row;
   }
-  const int64_t w_row = int64_t(parts[0].w->nb[1]), xs = int64_t(x.nb[1] / 4);
-  if (!cuda::matvec_parts_fit(type, K, w_row, std::span(mv.data(), n), cuda::q8_vector_in(q8, K)))
-    return Backend::matmul_parts(x, parts);
+  std::span<const cuda::MatvecPart> view(const std::array<cuda::MatvecPart, cuda::kMaxMatvecParts>& a) const {
+    return std::span<const cuda::MatvecPart>(a.data(), n);
+  }
+};
 
-  const float* xp = x.as<float>();
-  const QuantizedInput input{xp, K, T, xs, q8};
-  const bool reuse = quantized_input_ == input;
-  cuda::SignatureHash h;
-  h.pod(Op::Matmul), h.pod(n), h.pod(reuse);
-  hash_tensor(h, x);
-  for (const MatmulPart& p : parts) {
+GroupedParts grouped_parts(std::span<const Backend::MatmulPart> parts) {
+  GroupedParts g;
+  g.n = parts.size();
+  for (size_t i = 0; i < g.n; ++i) {
+    g.mv[i].w = parts[i].w->data;
+    g.mv[i].rows = parts[i].w->ne[1];
+    g.mv[i].add = parts[i].bias && !parts[i].bias->empty() ? parts[i].bias->as<float>() : nullptr;
+    g.mv[i].y = parts[i].out->as<float>();
+    g.y_stride[i] = int64_t(parts[i].out->nb[1] / 4);
+  }
+  return g;
+}
+
+void hash_parts(cuda::SignatureHash& h, std::span<const Backend::MatmulPart> parts) {
+  for (const Backend::MatmulPart& p : parts) {
     hash_tensor(h, *p.w), hash_tensor(h, *p.out);
     if (p.bias) hash_tensor(h, *p.bias);
   }
+}
+
+}  // namespace cuda_fused
+
+void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
+  using namespace cuda_fused;
+  const std::optional<GgmlType> type = grouped_type(options_, x, parts);
+  if (!type) return Backend::matmul_parts(x, parts);
+  record_grouped(x, *type, parts, nullptr);
+}
+
+void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) {
+  using namespace cuda_fused;
+  const MatmulPart part{&w, &bias, &out};
+  const std::optional<GgmlType> type = grouped_type(options_, x, std::span(&part, 1));
+  const bool fits = type && packed_f32(residual) && residual.ne[0] == out.ne[0] && residual.ne[1] == out.ne[1] &&
+                    residual.nb[1] == out.nb[1] &&
+                    !overlaps(residual.as<float>(), span_floats(residual), out.as<float>(), span_floats(out)) &&
+                    !overlaps(residual.as<float>(), span_floats(residual), x.as<float>(), span_floats(x));
+  if (!fits) return Backend::matmul_add(x, w, bias, out, residual);
+  record_grouped(x, *type, std::span(&part, 1), &residual);
+}
+
+// One launch per token over x: reusing the int8 copy an earlier op left of x (rmsnorm, glu,
+// a product over the same x), else quantizing x inside the launch.
+void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts,
+                                 Tensor* residual) {
+  using namespace cuda_fused;
+  const int64_t K = x.ne[0], T = x.ne[1];
+  GroupedParts g = grouped_parts(parts);
+  float* accumulate = residual ? residual->as<float>() : nullptr;
+  g.mv[0].accumulate = accumulate;
+  const size_t per_token = q8_row_bytes(K);
+  auto* q8 = static_cast<uint8_t*>(scratch(q8_scratch_, per_token * kMaxTokens));
+  const int64_t w_row = int64_t(parts[0].w->nb[1]), xs = int64_t(x.nb[1] / 4);
+  const float* xp = x.as<float>();
+  const QuantizedInput input{xp, K, T, xs, q8};
+  const bool reuse = quantized_input_ == input;
+  cuda::F32Input f32;
+  f32.x = xp;
+  const bool from_f32 = !reuse && cuda::matvec_parts_f32_fit(type, K, w_row, g.view(g.mv), f32);
+  if (!from_f32 && !cuda::matvec_parts_fit(type, K, w_row, g.view(g.mv), cuda::q8_vector_in(q8, K))) {
+    // Alignment or width the grouped kernel does not take: the plain ops.
+    if (!accumulate) return Backend::matmul_parts(x, parts);
+    return Backend::matmul_add(x, *parts[0].w, parts[0].bias ? *parts[0].bias : Tensor{}, *parts[0].out, *residual);
+  }
+  cuda::SignatureHash h;
+  h.pod(Op::Matmul), h.pod(parts.size()), h.pod(reuse), h.pod(from_f32), h.pod(accumulate);
+  hash_tensor(h, x);
+  hash_parts(h, parts);
   record(h, T, [=](cudaStream_t s) {
     for (int64_t t = 0; t < T; ++t) {
+      const auto row = g.token(t);
+      if (from_f32) {
+        cuda::F32Input in;
+        in.x = xp + t * xs;
+        if (cuda::Status st = cuda::matvec_f32_parts(type, K, w_row, g.view(row), in, s); !st.ok()) return st;
+        continue;
+      }
       const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
       if (!reuse)
         if (cuda::Status st = cuda::quantize_q8(xp + t * xs, K, xq, s); !st.ok()) return st;
-      std::array<cuda::MatvecPart, cuda::kMaxMatvecParts> row = mv;
-      for (size_t i = 0; i < n; ++i) row[i].y += t * y_stride[i];
-      if (cuda::Status st = cuda::matvec_q8_parts(type, K, w_row, std::span(row.data(), n), xq, s); !st.ok())
-        return st;
+      if (cuda::Status st = cuda::matvec_q8_parts(type, K, w_row, g.view(row), xq, s); !st.ok()) return st;
     }
     return cuda::Status();
   }, "matmul_parts");
-  quantized_input_ = input;  // no output overlaps x (checked above)
+  // The int8 copy of x stays valid for the next product over x (no output overlaps x), but
+  // only where it was written to the scratch.
+  if (!from_f32) quantized_input_ = input;
+}
+
+void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
+                                       std::span<const MatmulPart> parts) {
+  using namespace cuda_fused;
+  const std::optional<GgmlType> type = grouped_type(options_, normed, parts);
+  const int64_t K = x.ne[0], T = x.ne[1];
+  bool fits = type && packed_f32(x) && packed_f32(normed) && normed.ne[0] == K && normed.ne[1] == T &&
+              packed_f32(norm_weight) && norm_weight.elements() == K &&
+              !overlaps(normed.as<float>(), span_floats(normed), x.as<float>(), span_floats(x));
+  for (const MatmulPart& p : parts)
+    fits = fits && !overlaps(p.out->as<float>(), span_floats(*p.out), x.as<float>(), span_floats(x));
+  GroupedParts g = fits ? grouped_parts(parts) : GroupedParts{};
+  const int64_t w_row = fits ? int64_t(parts[0].w->nb[1]) : 0;
+  cuda::F32Input in;
+  in.x = x.as<float>(), in.norm_weight = norm_weight.as<float>(), in.eps = eps, in.normed = normed.as<float>();
+  if (!fits || !cuda::matvec_parts_f32_fit(*type, K, w_row, g.view(g.mv), in))
+    return Backend::rmsnorm_matmul_parts(x, norm_weight, eps, normed, parts);
+
+  const int64_t xs = int64_t(x.nb[1] / 4), ns = int64_t(normed.nb[1] / 4);
+  const GgmlType t_type = *type;
+  cuda::SignatureHash h;
+  h.pod(Op::RmsNorm), h.pod(parts.size()), h.pod(eps);
+  hash_tensor(h, x), hash_tensor(h, norm_weight), hash_tensor(h, normed);
+  hash_parts(h, parts);
+  record(h, T, [=](cudaStream_t s) {
+    for (int64_t t = 0; t < T; ++t) {
+      const auto row = g.token(t);
+      cuda::F32Input token_in = in;
+      token_in.x += t * xs;
+      token_in.normed += t * ns;
+      if (cuda::Status st = cuda::matvec_f32_parts(t_type, K, w_row, g.view(row), token_in, s); !st.ok()) return st;
+    }
+    return cuda::Status();
+  }, "rmsnorm_matmul_parts");
 }
 
 }  // namespace kiln

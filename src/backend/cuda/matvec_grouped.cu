@@ -121,6 +121,7 @@ struct GroupedSegments {
   const uint8_t* w[kMaxMatvecParts];
   const float* add[kMaxMatvecParts];
   float* y[kMaxMatvecParts];
+  float* acc[kMaxMatvecParts];
   int end[kMaxMatvecParts];
   __device__ __forceinline__ int part_of(int row) const {
     int p = 0;
@@ -140,11 +141,63 @@ struct GroupedSegments {
   __device__ __forceinline__ int first_row(int part) const { return part == 0 ? 0 : pick(end, part - 1); }
 };
 
-// kLanesPerRow: 32 (one row per task) or 16 (two rows per task).
-template <typename Fmt, int kLanesPerRow>
+// f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
+// layout the kernel reads: 8 lanes per block of 32 values, all loads issued before any
+// arithmetic so that the block waits for L2 once, not once per step.
+constexpr int kF32Steps = int(kMaxF32InputCols) / (kGroupedThreads * 4);
+
+__device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s) {
+  __shared__ float partial[kGroupedWarps];
+  const int tid = threadIdx.x;
+  float4 v[kF32Steps];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kF32Steps; ++s) {
+    const int i = (s * kGroupedThreads + tid) * 4;
+    if (i < cols) {
+      v[s] = *reinterpret_cast<const float4*>(in.x + i);
+      sum_sq = fmaf(v[s].x, v[s].x, sum_sq);
+      sum_sq = fmaf(v[s].y, v[s].y, sum_sq);
+      sum_sq = fmaf(v[s].z, v[s].z, sum_sq);
+      sum_sq = fmaf(v[s].w, v[s].w, sum_sq);
+    }
+  }
+  float inv = 1.0f;
+  if (in.norm_weight) {
+    sum_sq = warp_sum(sum_sq);
+    if (tid % kWarpSize == 0) partial[tid / kWarpSize] = sum_sq;
+    __syncthreads();
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kGroupedWarps; ++w) total += partial[w];
+    inv = rsqrtf(total / float(cols) + in.eps);  // rmsnorm()'s formula
+  }
+#pragma unroll
+  for (int s = 0; s < kF32Steps; ++s) {
+    const int i = (s * kGroupedThreads + tid) * 4;
+    if (i >= cols) break;  // cols % 256 == 0: whole warps leave together
+    float four[4] = {v[s].x, v[s].y, v[s].z, v[s].w};
+    if (in.norm_weight) {
+      const float4 w = *reinterpret_cast<const float4*>(in.norm_weight + i);
+      const float wk[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) four[k] = __fmul_rn(__fmul_rn(four[k], inv), wk[k]);
+      // Every block computed the whole vector; block s % grid writes step s.
+      if (in.normed && s % int(gridDim.x) == int(blockIdx.x))
+        *reinterpret_cast<float4*>(in.normed + i) = make_float4(four[0], four[1], four[2], four[3]);
+    }
+    const int group = i / kGroupElems, at = i % kGroupElems;
+    quantize_block_spread<8, 4>(four, reinterpret_cast<int8_t*>(x_s + group * kXGroupBytes + at),
+                                reinterpret_cast<float2*>(ds_s + group * kDsGroupBytes) + at / 32);
+  }
+}
+
+// kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kFromF32: x arrives as f32
+// (`in`) and is quantized here; otherwise as quantize_q8's int8 copy (xqs, xds).
+template <typename Fmt, int kLanesPerRow, bool kFromF32>
 __global__ void __launch_bounds__(kGroupedThreads)
     matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, int rows, int groups,
-                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds) {
+                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in) {
   constexpr int kG = group_bytes<Fmt>();
   constexpr int kUnits = kG / 16;
   constexpr int kSlots = kWarpSize / kLanesPerRow;  // rows per task
@@ -189,12 +242,17 @@ __global__ void __launch_bounds__(kGroupedThreads)
   issue(0);
   wait_for_previous_kernels();
   allow_next_kernel();
-  for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
-    cp_async_16(x_s + (p / 16) * kXGroupBytes + (p % 16) * 16, xqs + 16 * p);
-  for (int p = threadIdx.x; p < groups * (kGroupBlocks / 2); p += kGroupedThreads)
-    cp_async_16(ds_s + (p / 4) * kDsGroupBytes + (p % 4) * 16, xds + 2 * p);
-  cp_async_commit();
-  cp_async_wait<0>();
+  if constexpr (kFromF32) {
+    quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s);
+    cp_async_wait<0>();
+  } else {
+    for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
+      cp_async_16(x_s + (p / 16) * kXGroupBytes + (p % 16) * 16, xqs + 16 * p);
+    for (int p = threadIdx.x; p < groups * (kGroupBlocks / 2); p += kGroupedThreads)
+      cp_async_16(ds_s + (p / 4) * kDsGroupBytes + (p % 4) * 16, xds + 2 * p);
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
   __syncthreads();
 
   float acc = 0.0f;
@@ -237,6 +295,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
         const float* add = GroupedSegments::pick(seg.add, part);
         if (add) v += add[local];
         GroupedSegments::pick(seg.y, part)[local] = v;
+        if (float* acc = GroupedSegments::pick(seg.acc, part)) acc[local] += v;
       }
       acc = 0.0f;
     }
@@ -244,10 +303,10 @@ __global__ void __launch_bounds__(kGroupedThreads)
   cp_async_wait<0>();
 }
 
-template <typename Fmt, int kLanesPerRow>
+template <typename Fmt, int kLanesPerRow, bool kFromF32>
 Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                      const Q8Vector& xq, cudaStream_t stream) {
-  auto kernel = matvec_grouped_kernel<Fmt, kLanesPerRow>;
+                      const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
+  auto kernel = matvec_grouped_kernel<Fmt, kLanesPerRow, kFromF32>;
   const size_t smem = grouped_smem_bytes<Fmt>(cols);
   // Per kernel: the dynamic shared-memory limit raised once, resident blocks per SM for the
   // largest size seen (smaller sizes fit at least as many).
@@ -274,15 +333,47 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   const int grid = int(min64(blocks_needed, int64_t(max(1, blocks_per_sm)) * max(1, sms)));
   launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, int(total_rows),
-                 int(cols / kGroupElems), xq.qs, xq.ds);
+                 int(cols / kGroupElems), xq.qs, xq.ds, in);
   return launch_status("matvec_grouped_kernel");
 }
 
-template <typename Fmt>
+template <typename Fmt, bool kFromF32>
 Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                        const Q8Vector& xq, cudaStream_t stream) {
-  if (cols / kGroupElems <= 16) return launch_grouped<Fmt, 16>(seg, total_rows, cols, w_row_bytes, xq, stream);
-  return launch_grouped<Fmt, 32>(seg, total_rows, cols, w_row_bytes, xq, stream);
+                        const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
+  if (cols / kGroupElems <= 16)
+    return launch_grouped<Fmt, 16, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+  return launch_grouped<Fmt, 32, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+}
+
+template <bool kFromF32>
+Status dispatch_type(GgmlType type, const GroupedSegments& seg, int64_t total_rows, int64_t cols,
+                     int64_t w_row_bytes, const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
+  if (type == GgmlType::Q4_0)
+    return dispatch_grouped<GroupQ4_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+  if (type == GgmlType::Q4_K)
+    return dispatch_grouped<GroupQ4_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+  return dispatch_grouped<GroupQ8_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+}
+
+// The parts stacked by rows (see GroupedSegments); unused slots end at INT_MAX.
+GroupedSegments segments_of(std::span<const MatvecPart> parts, int64_t* total_rows) {
+  GroupedSegments seg{};
+  int64_t total = 0;
+  for (int i = 0; i < kMaxMatvecParts; ++i) {
+    if (size_t(i) < parts.size()) {
+      const MatvecPart& p = parts[size_t(i)];
+      seg.w[i] = static_cast<const uint8_t*>(p.w);
+      seg.add[i] = p.add;
+      seg.y[i] = p.y;
+      seg.acc[i] = p.accumulate;
+      total += p.rows;
+      seg.end[i] = int(total);
+    } else {
+      seg.end[i] = INT_MAX;
+    }
+  }
+  *total_rows = total;
+  return seg;
 }
 
 size_t smem_for(GgmlType type, int64_t cols) {
@@ -323,22 +414,32 @@ Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::sp
     return Status::invalid("matvec_q8_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
                            " columns do not fit the grouped kernel (q4_0 / q8_0, 16-byte aligned, at most " +
                            std::to_string(kMaxMatvecParts) + " parts)");
-  detail::GroupedSegments seg{};
   int64_t total = 0;
-  for (int i = 0; i < kMaxMatvecParts; ++i) {
-    if (size_t(i) < parts.size()) {
-      seg.w[i] = static_cast<const uint8_t*>(parts[size_t(i)].w);
-      seg.add[i] = parts[size_t(i)].add;
-      seg.y[i] = parts[size_t(i)].y;
-      total += parts[size_t(i)].rows;
-      seg.end[i] = int(total);
-    } else {
-      seg.end[i] = INT_MAX;
-    }
-  }
-  if (type == GgmlType::Q4_0) return detail::dispatch_grouped<detail::GroupQ4_0>(seg, total, cols, w_row_bytes, xq, stream);
-  if (type == GgmlType::Q4_K) return detail::dispatch_grouped<detail::GroupQ4_K>(seg, total, cols, w_row_bytes, xq, stream);
-  return detail::dispatch_grouped<detail::GroupQ8_0>(seg, total, cols, w_row_bytes, xq, stream);
+  const detail::GroupedSegments seg = detail::segments_of(parts, &total);
+  return detail::dispatch_type<false>(type, seg, total, cols, w_row_bytes, xq, F32Input{}, stream);
+}
+
+bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                          const F32Input& in) {
+  if (!in.x || cols > kMaxF32InputCols || !detail::aligned16(in.x)) return false;
+  if (in.norm_weight && !detail::aligned16(in.norm_weight)) return false;
+  if (in.normed && (!in.norm_weight || !detail::aligned16(in.normed))) return false;
+  // The weights' side is the int8 path's, checked with a stand-in aligned int8 copy.
+  alignas(16) static int8_t stand_in[16];
+  Q8Vector xq;
+  xq.qs = stand_in, xq.ds = reinterpret_cast<float2*>(stand_in), xq.n = cols;
+  return matvec_parts_fit(type, cols, w_row_bytes, parts, xq);
+}
+
+Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                        const F32Input& in, cudaStream_t stream) {
+  if (!matvec_parts_f32_fit(type, cols, w_row_bytes, parts, in))
+    return Status::invalid("matvec_f32_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
+                           " columns with f32 x do not fit the grouped kernel (q4_0 / q8_0 / q4_K, 16-byte aligned, "
+                           "at most " + std::to_string(kMaxF32InputCols) + " columns)");
+  int64_t total = 0;
+  const detail::GroupedSegments seg = detail::segments_of(parts, &total);
+  return detail::dispatch_type<true>(type, seg, total, cols, w_row_bytes, Q8Vector{}, in, stream);
 }
 
 Status matvec_q8_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {

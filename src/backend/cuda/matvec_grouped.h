@@ -21,10 +21,28 @@ struct MatvecPart {
   int64_t rows = 0;
   const float* add = nullptr;  // [rows] or null; may alias y
   float* y = nullptr;          // [rows]
+  float* accumulate = nullptr; // [rows] or null: accumulate[r] += y[r] too (a residual stream)
 };
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                       const Q8Vector& xq);
 Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                        const Q8Vector& xq, cudaStream_t stream);
+
+// The same products with x given in f32 and quantized by every block of the launch into its
+// own shared memory (the bytes quantize_q8 would write), so that no separate quantizing
+// kernel runs before. With norm_weight set, x is first RMS-normalized as rmsnorm() does,
+// x / rms(x) * norm_weight, and the normalized vector is written to `normed` when that is
+// set (later ops may read it). x, norm_weight and normed 16-byte aligned, cols <= 8192.
+struct F32Input {
+  const float* x = nullptr;            // [cols]
+  const float* norm_weight = nullptr;  // [cols] or null: no normalization
+  float eps = 0.0f;
+  float* normed = nullptr;             // [cols] or null; only with norm_weight; must not alias x
+};
+constexpr int64_t kMaxF32InputCols = 8192;
+bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                          const F32Input& in);
+Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                        const F32Input& in, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -30,31 +30,6 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-// The int8 copy of a block of 32 values spread over `kLanes` lanes, 32 / kLanes values each
-// (lanes kLanes-aligned within the warp, the whole warp active): quantize_q8's arithmetic on
-// the same floats, so the same bytes. Writes the lane's values at qs and, from the block's
-// first lane, (d, d * sum) at ds.
-template <int kLanes, int kValues>
-__device__ __forceinline__ void quantize_block_spread(const float (&v)[kValues], int8_t* qs, float2* ds) {
-  static_assert(kLanes * kValues == 32, "a block is 32 values");
-  float amax = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kValues; ++k) amax = fmaxf(amax, fabsf(v[k]));
-#pragma unroll
-  for (int off = kLanes / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
-  const float d = amax / 127.0f;
-  int sum = 0;
-#pragma unroll
-  for (int k = 0; k < kValues; ++k) {
-    const int q = d == 0.0f ? 0 : int(roundf(v[k] / d));
-    qs[k] = int8_t(q);
-    sum += q;
-  }
-#pragma unroll
-  for (int off = kLanes / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(kFullMask, sum, off);
-  if (threadIdx.x % kLanes == 0) *ds = make_float2(d, d * float(sum));
-}
-
 // One block per row. Few rows (decode) take 1024 threads so that a row costs one round of
 // loads per thread rather than a chain of them.
 template <int kThreads>
