@@ -218,6 +218,11 @@ class Backend {
   virtual void rope(Tensor& x, const Tensor& positions, const RopeParams& params);
   // Writes k {n_head_kv*head_dim_k, T} and v into the cache slots of the batch.
   virtual void kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots);
+  // rope on q and k (heads as rows, {head_dim, heads, T}, in place) with the same positions
+  // and parameters, then kv_store of k (as rows {heads * head_dim, T}) and v. A backend may
+  // do all three in one pass (CUDA does); the default runs rope, rope, kv_store.
+  virtual void rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                             const RopeParams& params, KvLayer& cache, const Tensor& slots);
   // Causal attention of q {n_head*head_dim_k, T} over the cache; out {n_head*head_dim_v, T}.
   virtual void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch,
                          const AttentionParams& params, Tensor& out);

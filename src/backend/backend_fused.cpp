@@ -23,4 +23,11 @@ void Backend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, T
   add(residual, out, residual);
 }
 
+void Backend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                            const RopeParams& params, KvLayer& cache, const Tensor& slots) {
+  rope(q_heads, positions, params);
+  rope(k_heads, positions, params);
+  kv_store(k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]}), v, cache, slots);
+}
+
 }  // namespace kiln

@@ -60,13 +60,10 @@ Tensor attend(ForwardPass& p, int il, QkvScratch& t) {
   rope.freq_scale = hp.rope_freq_scale;
   rope.freq_factors = p.w.rope_freqs.empty() ? nullptr : &p.w.rope_freqs;
   rope.yarn = hp.yarn;
-  be.rope(q_heads, p.index.positions, rope);
-  be.rope(k_heads, p.index.positions, rope);
+  KvLayer cache = p.cache.layer(il);
+  be.rope_kv_store(q_heads, k_heads, t.v, p.index.positions, rope, cache, p.index.slots);
   p.observe(t.q, "Qcur_rope", il);
   p.observe(t.k, "Kcur_rope", il);
-
-  KvLayer cache = p.cache.layer(il);
-  be.kv_store(t.k, t.v, cache, p.index.slots);
 
   AttentionParams ap;
   ap.n_head = hp.n_head;

@@ -4,12 +4,14 @@
 //     vs that matmul quantizing the output itself;
 //   - rmsnorm_matmul_parts (the norm computed inside the products' launch) vs the products
 //     of the normalized vector it wrote, and that vector vs a double-precision rmsnorm;
-//   - matmul_add (the residual add in the product's epilogue) vs matmul, and residual + out.
+//   - matmul_add (the residual add in the product's epilogue) vs matmul, and residual + out;
+//   - rope_kv_store (one kernel) vs rope, rope and kv_store: q, k and both caches.
 // Both sides use the same int8 activations and the same per-row arithmetic, so any
 // difference is a wrong row, part, offset or scale. Outputs are poisoned (NaN) first.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "backend/cuda/cuda_backend.h"
@@ -167,6 +169,86 @@ TEST_F(FusedOps, MatmulAddWritesTheProductAndAddsItToTheResidual) {
         std::vector<float> want_residual(residual_host.size());
         for (size_t i = 0; i < want_residual.size(); ++i) want_residual[i] = residual_host[i] + got_out[i];
         EXPECT_TRUE(all_equal_bits(got_residual, want_residual, "residual"));
+      }
+    }
+  }
+}
+
+struct RopeCase {
+  int head_dim, n_rot, n_head, n_kv, tokens;
+  RopeStyle style;
+  bool yarn;
+};
+
+TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
+  const RopeCase cases[] = {{128, 128, 32, 8, 1, RopeStyle::Normal, false},
+                            {64, 32, 6, 2, 3, RopeStyle::Neox, false},
+                            {128, 128, 8, 2, 2, RopeStyle::Neox, true}};
+  const int64_t n_slots = 40;
+  for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {
+    for (const RopeCase& c : cases) {
+      SCOPED_TRACE(std::string(type_name(cache_type)) + " head_dim " + std::to_string(c.head_dim) + " n_rot " +
+                   std::to_string(c.n_rot) + " heads " + std::to_string(c.n_head) + "/" + std::to_string(c.n_kv) +
+                   " T " + std::to_string(c.tokens) + (c.yarn ? " yarn" : ""));
+      const int64_t T = c.tokens, q_width = int64_t(c.n_head) * c.head_dim, kv_width = int64_t(c.n_kv) * c.head_dim;
+      RopeParams rope;
+      rope.style = c.style;
+      rope.n_rot = c.n_rot;
+      rope.freq_base = 500000.0f;
+      if (c.yarn) rope.freq_scale = 0.25f, rope.yarn.ext_factor = 1.0f, rope.yarn.n_ctx_orig = 4096;
+      std::vector<int32_t> positions(static_cast<size_t>(T)), slots(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) positions[size_t(t)] = int32_t(1000 * t + 17), slots[size_t(t)] = int32_t(37 - 5 * t);
+      const std::vector<float> q_host = random_floats(rng_, size_t(q_width * T), -2.0f, 2.0f);
+      const std::vector<float> k_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
+      const std::vector<float> v_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
+
+      // Two copies of every input and cache: one for each path.
+      struct Side {
+        Tensor q, k, v, pos, slot;
+        KvLayer cache;
+      } side[2];
+      for (Side& d : side) {
+        d.q = floats({q_width, T}, q_host);
+        d.k = floats({kv_width, T}, k_host);
+        d.v = floats({kv_width, T}, v_host);
+        for (Tensor* t : {&d.pos, &d.slot}) {
+          buffers_.push_back(gpu_->allocate(size_t(T) * 4));
+          *t = buffers_.back()->view(GgmlType::I32, {T});
+        }
+        gpu_->upload(positions.data(), d.pos, size_t(T) * 4);
+        gpu_->upload(slots.data(), d.slot, size_t(T) * 4);
+        for (Tensor* t : {&d.cache.k, &d.cache.v}) {
+          const size_t elem = cache_type == GgmlType::F16 ? 2 : 4;
+          buffers_.push_back(gpu_->allocate(size_t(kv_width * n_slots) * elem));
+          *t = buffers_.back()->view(cache_type, {kv_width, n_slots});
+          std::vector<uint8_t> nan_bytes(size_t(kv_width * n_slots) * elem);
+          for (size_t i = 0; i < nan_bytes.size(); i += elem) {
+            const uint32_t nan32 = 0x7fc00000u;
+            const uint16_t nan16 = 0x7e00u;
+            if (elem == 4) std::memcpy(&nan_bytes[i], &nan32, 4);
+            else std::memcpy(&nan_bytes[i], &nan16, 2);
+          }
+          gpu_->upload(nan_bytes.data(), *t, nan_bytes.size());
+        }
+        d.cache.block_size = 8;
+      }
+      auto heads = [&](Tensor& rows, int n) { return rows.reshape({c.head_dim, n, T}); };
+      Tensor q0 = heads(side[0].q, c.n_head), k0 = heads(side[0].k, c.n_kv);
+      gpu_->rope_kv_store(q0, k0, side[0].v, side[0].pos, rope, side[0].cache, side[0].slot);
+      Tensor q1 = heads(side[1].q, c.n_head), k1 = heads(side[1].k, c.n_kv);
+      gpu_->Backend::rope_kv_store(q1, k1, side[1].v, side[1].pos, rope, side[1].cache, side[1].slot);
+
+      EXPECT_TRUE(all_equal_bits(host(side[0].q), host(side[1].q), "q"));
+      EXPECT_TRUE(all_equal_bits(host(side[0].k), host(side[1].k), "k"));
+      for (int which = 0; which < 2; ++which) {
+        const Tensor& a = which ? side[0].cache.v : side[0].cache.k;
+        const Tensor& b = which ? side[1].cache.v : side[1].cache.k;
+        std::vector<uint8_t> got(a.bytes()), want(b.bytes());
+        gpu_->download(a, got.data(), got.size());
+        gpu_->download(b, want.data(), want.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+        EXPECT_EQ(differ, 0u) << (which ? "value" : "key") << " cache: " << differ << " bytes differ";
       }
     }
   }

@@ -112,6 +112,10 @@ __device__ __forceinline__ void begin_chained_kernel() {
   allow_next_kernel();
 }
 
+// An f32 value into an f32 or f16 (round to nearest even) element, e.g. of the KV cache.
+__device__ __forceinline__ void store_as(float* p, float x) { *p = x; }
+__device__ __forceinline__ void store_as(__half* p, float x) { *p = __float2half_rn(x); }
+
 // 4 signed bytes of a and b, multiplied pairwise and summed onto c.
 __device__ __forceinline__ int dot4(int a, int b, int c) { return __dp4a(a, b, c); }
 

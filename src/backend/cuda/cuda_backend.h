@@ -66,6 +66,8 @@ class CudaBackend final : public Backend {
   void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) override;
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
   void kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) override;
+  void rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                     const RopeParams& params, KvLayer& cache, const Tensor& slots) override;
   void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& params,
                  Tensor& out) override;
   void glu(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& out) override;

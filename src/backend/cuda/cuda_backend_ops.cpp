@@ -11,6 +11,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_extra.h"
 #include "backend/cuda/prefill_attention.h"
+#include "backend/cuda/rope_store.h"
 #include "backend/op_checks.h"
 
 namespace kiln {
@@ -292,7 +293,9 @@ void CudaBackend::matmul_exact(const Tensor& x, const Tensor& w, const Tensor& b
   add_bias(bias, out);
 }
 
-void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
+namespace cuda_ops {
+
+cuda::RopeArgs rope_args(Tensor& x, const Tensor& positions, const RopeParams& p) {
   require_f32(x, "rope", "x");
   KILN_CHECK(positions.dtype == GgmlType::I32 && positions.elements() == x.ne[2],
              "cuda rope: {} positions for {} tokens", positions.elements(), x.ne[2]);
@@ -310,13 +313,15 @@ void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& p) 
   a.ext_factor = p.yarn.ext_factor, a.attn_factor = p.yarn.attn_factor;
   a.beta_fast = p.yarn.beta_fast, a.beta_slow = p.yarn.beta_slow, a.n_ctx_orig = p.yarn.n_ctx_orig;
   a.yarn_truncate = p.yarn.truncate;
-  Sig sig(Op::Rope);
-  sig.t(x).t(positions).v(a.freq_factors).v(p.n_rot).v(p.style).v(p.freq_base).v(p.freq_scale);
-  sig.v(p.yarn.ext_factor).v(p.yarn.attn_factor).v(p.yarn.beta_fast).v(p.yarn.beta_slow).v(p.yarn.n_ctx_orig).v(p.yarn.truncate);
-  record(sig.h, x.ne[2], [=](cudaStream_t s) { return cuda::rope(a, s); }, "rope");
+  return a;
 }
 
-void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) {
+void hash_rope(Sig& sig, const RopeParams& p, const cuda::RopeArgs& a) {
+  sig.v(a.freq_factors).v(p.n_rot).v(p.style).v(p.freq_base).v(p.freq_scale);
+  sig.v(p.yarn.ext_factor).v(p.yarn.attn_factor).v(p.yarn.beta_fast).v(p.yarn.beta_slow).v(p.yarn.n_ctx_orig).v(p.yarn.truncate);
+}
+
+cuda::KvStoreArgs kv_store_args(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) {
   require_f32(k, "kv_store", "k");
   require_f32(v, "kv_store", "v");
   require_cache(cache, "kv_store");
@@ -332,8 +337,36 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, con
   a.cache_k_stride = slot_stride(cache.k), a.cache_v_stride = slot_stride(cache.v);
   a.n_slots = cache.k.ne[1];
   a.slots = slots.as<int32_t>(), a.n_tokens = k.ne[1];
+  return a;
+}
+
+}  // namespace cuda_ops
+
+void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
+  const cuda::RopeArgs a = rope_args(x, positions, p);
+  Sig sig(Op::Rope);
+  sig.t(x).t(positions);
+  hash_rope(sig, p, a);
+  record(sig.h, x.ne[2], [=](cudaStream_t s) { return cuda::rope(a, s); }, "rope");
+}
+
+void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) {
+  const cuda::KvStoreArgs a = kv_store_args(k, v, cache, slots);
   record(Sig(Op::KvStore).t(k).t(v).t(cache.k).t(cache.v).t(slots).h, k.ne[1],
          [=](cudaStream_t s) { return cuda::kv_store(a, s); }, "kv_store");
+}
+
+void CudaBackend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                                const RopeParams& p, KvLayer& cache, const Tensor& slots) {
+  const Tensor k_rows = k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]});
+  const cuda::RopeArgs q = rope_args(q_heads, positions, p), k = rope_args(k_heads, positions, p);
+  const cuda::KvStoreArgs st = kv_store_args(k_rows, v, cache, slots);
+  if (k.head_stride != k.head_dim || st.k_stride != k.token_stride)
+    return Backend::rope_kv_store(q_heads, k_heads, v, positions, p, cache, slots);
+  Sig sig(Op::KvStore);
+  sig.t(q_heads).t(k_heads).t(v).t(positions).t(cache.k).t(cache.v).t(slots);
+  hash_rope(sig, p, q);
+  record(sig.h, q.n_tokens, [=](cudaStream_t s) { return cuda::rope_store(q, k, st, s); }, "rope_kv_store");
 }
 
 void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& p,

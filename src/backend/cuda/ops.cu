@@ -7,6 +7,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope_math.cuh"
 
 namespace kiln::cuda {
 namespace detail {
@@ -63,56 +64,16 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
   }
 }
 
-struct RopeConstants {
-  float corr_low = 0.0f, corr_high = 0.0f, mscale_yarn = 1.0f;
-};
-
-__device__ float yarn_ramp(float low, float high, int i0) {
-  const float y = (float(i0 / 2) - low) / fmaxf(0.001f, high - low);
-  return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
-}
-
-// Grid (tokens, head groups of kRopeHeadsPerBlock): every block computes its token's angles
-// (cheap next to one SM working through all heads, which made this a 10 us kernel).
-constexpr int kRopeHeadsPerBlock = 4;
-
 __global__ void __launch_bounds__(128) rope_kernel(RopeArgs a, RopeConstants c) {
-  __shared__ float cos_s[512], sin_s[512];
+  __shared__ float cos_s[kMaxRopeHalf], sin_s[kMaxRopeHalf];
   const int64_t t = blockIdx.x;
   const int64_t first_head = int64_t(blockIdx.y) * kRopeHeadsPerBlock;
-  const int64_t n_heads = min64(kRopeHeadsPerBlock, a.n_heads - first_head);
-  const int half = a.n_rot / 2;
-  const double pos = double(a.positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    // Angles in double: positions times small frequencies lose digits in f32.
-    double theta_extrap = pos * pow(double(a.freq_base), -2.0 * i / a.n_rot);
-    if (a.freq_factors) theta_extrap /= double(a.freq_factors[i]);
-    double theta = theta_extrap * a.freq_scale;
-    float mscale = a.attn_factor;
-    if (a.ext_factor != 0.0f) {
-      const double mix = double(yarn_ramp(c.corr_low, c.corr_high, 2 * i)) * a.ext_factor;
-      theta = theta * (1.0 - mix) + theta_extrap * mix;
-      mscale *= c.mscale_yarn;
-    }
-    double s, co;
-    sincos(theta, &s, &co);
-    cos_s[i] = float(co) * mscale;
-    sin_s[i] = float(s) * mscale;
-  }
+  rope_angles(a, c, t, cos_s, sin_s);
   // The angles need only the positions, uploaded before the step; x comes from the kernels
   // before this one.
   begin_chained_kernel();
   __syncthreads();
-  float* xt = a.x + t * a.token_stride + first_head * a.head_stride;
-  for (int64_t j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
-    const int64_t head = j / half;
-    const int i = int(j % half);
-    float* v = xt + head * a.head_stride;
-    const int first = a.neox ? i : 2 * i, second = a.neox ? i + half : 2 * i + 1;
-    const float x0 = v[first], x1 = v[second];
-    v[first] = __fsub_rn(__fmul_rn(x0, cos_s[i]), __fmul_rn(x1, sin_s[i]));
-    v[second] = __fadd_rn(__fmul_rn(x0, sin_s[i]), __fmul_rn(x1, cos_s[i]));
-  }
+  rotate_heads(a, t, first_head, static_cast<float*>(nullptr), cos_s, sin_s);
 }
 
 template <GluKind kKind>
@@ -238,12 +199,6 @@ __global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i,
   if (lane == 0) out[blockIdx.x] = int32_t(idx < 0 ? 0 : idx);
 }
 
-// The dimension whose wavelength fits `n_rotations` times into the original context (YaRN).
-float correction_dim(int n_rot, int n_ctx_orig, float n_rotations, float base) {
-  return float(n_rot) * std::log(float(n_ctx_orig) / (n_rotations * 2.0f * std::numbers::pi_v<float>)) /
-         (2.0f * std::log(base));
-}
-
 }  // namespace detail
 
 Status rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
@@ -261,20 +216,8 @@ Status rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
 }
 
 Status rope(const RopeArgs& a, cudaStream_t stream) {
-  if (!a.x || !a.positions || a.n_tokens <= 0 || a.n_heads <= 0 || a.n_tokens > 0x7fffffff)
-    return Status::invalid("rope: x and positions must be set and the shape positive");
-  if (a.n_rot <= 0 || a.n_rot % 2 != 0 || a.n_rot > a.head_dim || a.n_rot > 1024)
-    return Status::invalid("rope: n_rot " + std::to_string(a.n_rot) + " must be even, positive, at most head_dim (" +
-                           std::to_string(a.head_dim) + ") and at most 1024");
   detail::RopeConstants c;
-  if (a.ext_factor != 0.0f) {
-    if (a.n_ctx_orig <= 0) return Status::invalid("rope: YaRN needs the original context length");
-    const float low = detail::correction_dim(a.n_rot, a.n_ctx_orig, a.beta_fast, a.freq_base);
-    const float high = detail::correction_dim(a.n_rot, a.n_ctx_orig, a.beta_slow, a.freq_base);
-    c.corr_low = std::max(0.0f, a.yarn_truncate ? std::floor(low) : low);
-    c.corr_high = std::min(float(a.n_rot - 1), a.yarn_truncate ? std::ceil(high) : high);
-    c.mscale_yarn = 1.0f + 0.1f * std::log(1.0f / a.freq_scale);
-  }
+  if (Status st = detail::rope_constants(a, &c); !st.ok()) return st;
   const dim3 grid(unsigned(a.n_tokens),
                   unsigned((a.n_heads + detail::kRopeHeadsPerBlock - 1) / detail::kRopeHeadsPerBlock));
   launch_chained(detail::rope_kernel, grid, 128, 0, stream, a, c);

@@ -74,9 +74,6 @@ __global__ void rmsnorm_gated_kernel(RowLayout x, RowLayout z, const float* w, f
   for (int64_t i = threadIdx.x; i < n; i += kThreads) y[i] = a[i] * inv * w[i] * (g[i] / (1.0f + expf(-g[i])));
 }
 
-__device__ __forceinline__ void store_element(float* p, float x) { *p = x; }
-__device__ __forceinline__ void store_element(__half* p, float x) { *p = __float2half_rn(x); }
-
 // Grid (tokens, pieces): a decode token's keys and values are spread over several blocks
 // (one block looping over them all was a latency-bound 7 us).
 constexpr int kKvStorePieces = 8;
@@ -90,8 +87,8 @@ __global__ void kv_store_kernel(KvStoreArgs a) {
   KV* cache_k = static_cast<KV*>(a.cache_k) + slot * a.cache_k_stride;
   KV* cache_v = static_cast<KV*>(a.cache_v) + slot * a.cache_v_stride;
   const int64_t first = int64_t(blockIdx.y) * blockDim.x + threadIdx.x, step = int64_t(gridDim.y) * blockDim.x;
-  for (int64_t i = first; i < a.k_width; i += step) store_element(cache_k + i, a.k[t * a.k_stride + i]);
-  for (int64_t i = first; i < a.v_width; i += step) store_element(cache_v + i, a.v[t * a.v_stride + i]);
+  for (int64_t i = first; i < a.k_width; i += step) detail::store_as(cache_k + i, a.k[t * a.k_stride + i]);
+  for (int64_t i = first; i < a.v_width; i += step) detail::store_as(cache_v + i, a.v[t * a.v_stride + i]);
 }
 
 // One thread per token: n_expert is small (<= a few hundred), k smaller still.

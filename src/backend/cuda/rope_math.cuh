@@ -1,0 +1,111 @@
+#pragma once
+// Rotary position embedding on the device, shared by the plain rope kernel (ops.cu) and the
+// one that also stores the rotated keys into the cache (rope_store.cu): the host-side YaRN
+// constants, each token's angles (double precision, as the CPU backend computes them) and
+// the rotation of a group of heads.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/ops.h"
+
+namespace kiln::cuda::detail {
+
+// A block rotates kRopeHeadsPerBlock heads of one token; each block computes its token's
+// angles (cheap next to one SM working through all heads, which made rope a 10 us kernel).
+constexpr int kRopeHeadsPerBlock = 4;
+constexpr int kMaxRopeHalf = 512;  // n_rot <= 1024
+
+struct RopeConstants {
+  float corr_low = 0.0f, corr_high = 0.0f, mscale_yarn = 1.0f;
+};
+
+// The dimension whose wavelength fits `n_rotations` times into the original context (YaRN).
+inline float correction_dim(int n_rot, int n_ctx_orig, float n_rotations, float base) {
+  return float(n_rot) * std::log(float(n_ctx_orig) / (n_rotations * 2.0f * std::numbers::pi_v<float>)) /
+         (2.0f * std::log(base));
+}
+
+// Checks the arguments and computes the YaRN correction range (host).
+inline Status rope_constants(const RopeArgs& a, RopeConstants* c) {
+  if (!a.x || !a.positions || a.n_tokens <= 0 || a.n_heads <= 0 || a.n_tokens > 0x7fffffff)
+    return Status::invalid("rope: x and positions must be set and the shape positive");
+  if (a.n_rot <= 0 || a.n_rot % 2 != 0 || a.n_rot > a.head_dim || a.n_rot > 2 * kMaxRopeHalf)
+    return Status::invalid("rope: n_rot " + std::to_string(a.n_rot) + " must be even, positive, at most head_dim (" +
+                           std::to_string(a.head_dim) + ") and at most " + std::to_string(2 * kMaxRopeHalf));
+  *c = RopeConstants{};
+  if (a.ext_factor != 0.0f) {
+    if (a.n_ctx_orig <= 0) return Status::invalid("rope: YaRN needs the original context length");
+    const float low = correction_dim(a.n_rot, a.n_ctx_orig, a.beta_fast, a.freq_base);
+    const float high = correction_dim(a.n_rot, a.n_ctx_orig, a.beta_slow, a.freq_base);
+    c->corr_low = std::max(0.0f, a.yarn_truncate ? std::floor(low) : low);
+    c->corr_high = std::min(float(a.n_rot - 1), a.yarn_truncate ? std::ceil(high) : high);
+    c->mscale_yarn = 1.0f + 0.1f * std::log(1.0f / a.freq_scale);
+  }
+  return Status();
+}
+
+__device__ inline float yarn_ramp(float low, float high, int i0) {
+  const float y = (float(i0 / 2) - low) / fmaxf(0.001f, high - low);
+  return 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+}
+
+// cos_s / sin_s [n_rot / 2] = token t's rotation, mscale included (the whole block loops).
+// Reads only the positions and constants, which no kernel of the step writes.
+__device__ inline void rope_angles(const RopeArgs& a, const RopeConstants& c, int64_t t, float* cos_s, float* sin_s) {
+  const int half = a.n_rot / 2;
+  const double pos = double(a.positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    // Angles in double: positions times small frequencies lose digits in f32.
+    double theta_extrap = pos * pow(double(a.freq_base), -2.0 * i / a.n_rot);
+    if (a.freq_factors) theta_extrap /= double(a.freq_factors[i]);
+    double theta = theta_extrap * a.freq_scale;
+    float mscale = a.attn_factor;
+    if (a.ext_factor != 0.0f) {
+      const double mix = double(yarn_ramp(c.corr_low, c.corr_high, 2 * i)) * a.ext_factor;
+      theta = theta * (1.0 - mix) + theta_extrap * mix;
+      mscale *= c.mscale_yarn;
+    }
+    double s, co;
+    sincos(theta, &s, &co);
+    cos_s[i] = float(co) * mscale;
+    sin_s[i] = float(s) * mscale;
+  }
+}
+
+// Rotates heads [first_head, first_head + kRopeHeadsPerBlock) of token t in place. With
+// cache_row (the token's key row of the cache, heads packed head_dim apart), every element
+// of those heads, rotated or passed through, is stored there too.
+template <typename KV>
+__device__ inline void rotate_heads(const RopeArgs& a, int64_t t, int64_t first_head, KV* cache_row,
+                                    const float* cos_s, const float* sin_s) {
+  const int64_t n_heads = min64(kRopeHeadsPerBlock, a.n_heads - first_head);
+  const int half = a.n_rot / 2;
+  float* xt = a.x + t * a.token_stride + first_head * a.head_stride;
+  for (int64_t j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+    const int64_t head = j / half;
+    const int i = int(j % half);
+    float* v = xt + head * a.head_stride;
+    const int first = a.neox ? i : 2 * i, second = a.neox ? i + half : 2 * i + 1;
+    const float x0 = v[first], x1 = v[second];
+    const float y0 = __fsub_rn(__fmul_rn(x0, cos_s[i]), __fmul_rn(x1, sin_s[i]));
+    const float y1 = __fadd_rn(__fmul_rn(x0, sin_s[i]), __fmul_rn(x1, cos_s[i]));
+    v[first] = y0;
+    v[second] = y1;
+    if (cache_row) {
+      KV* c = cache_row + (first_head + head) * a.head_dim;
+      store_as(c + first, y0);
+      store_as(c + second, y1);
+    }
+  }
+  if (!cache_row) return;
+  const int64_t pass = a.head_dim - a.n_rot;  // dims past n_rot keep their values
+  for (int64_t j = threadIdx.x; j < n_heads * pass; j += blockDim.x) {
+    const int64_t head = j / pass, d = a.n_rot + j % pass;
+    store_as(cache_row + (first_head + head) * a.head_dim + d, xt[head * a.head_stride + d]);
+  }
+}
+
+}  // namespace kiln::cuda::detail

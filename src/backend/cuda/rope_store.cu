@@ -1,0 +1,71 @@
+// rope of q and k plus the KV-cache store in one launch (see rope_store.h). Grid: (tokens,
+// q head groups + k head groups + v pieces); every block of a token computes its angles.
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/rope_math.cuh"
+#include "backend/cuda/rope_store.h"
+
+namespace kiln::cuda {
+namespace detail {
+
+constexpr int kRopeStoreThreads = 128;
+constexpr int kValuesPerPiece = 2 * kRopeStoreThreads;
+
+template <typename KV>
+__global__ void __launch_bounds__(kRopeStoreThreads)
+    rope_store_kernel(RopeArgs q, RopeArgs k, KvStoreArgs st, RopeConstants c, int q_groups, int k_groups) {
+  __shared__ float cos_s[kMaxRopeHalf], sin_s[kMaxRopeHalf];
+  const int64_t t = blockIdx.x;
+  const int y = int(blockIdx.y);
+  const int64_t slot = st.slots[t];  // uploaded before the step
+  const bool slot_ok = slot >= 0 && slot < st.n_slots;  // never write outside the cache
+  if (y >= q_groups + k_groups) {  // a piece of the values
+    begin_chained_kernel();
+    if (!slot_ok) return;
+    KV* row = static_cast<KV*>(st.cache_v) + slot * st.cache_v_stride;
+    const int64_t first = int64_t(y - q_groups - k_groups) * kValuesPerPiece;
+    const int64_t end = min64(first + kValuesPerPiece, st.v_width);
+    for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x) store_as(row + i, st.v[t * st.v_stride + i]);
+    return;
+  }
+  const bool is_k = y >= q_groups;
+  const RopeArgs& a = is_k ? k : q;
+  rope_angles(a, c, t, cos_s, sin_s);
+  begin_chained_kernel();
+  __syncthreads();
+  const int64_t first_head = int64_t(is_k ? y - q_groups : y) * kRopeHeadsPerBlock;
+  KV* cache_row = is_k && slot_ok ? static_cast<KV*>(st.cache_k) + slot * st.cache_k_stride : nullptr;
+  rotate_heads(a, t, first_head, cache_row, cos_s, sin_s);
+}
+
+}  // namespace detail
+
+Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, cudaStream_t stream) {
+  detail::RopeConstants c;
+  if (Status s = detail::rope_constants(q, &c); !s.ok()) return s;
+  if (Status s = detail::rope_constants(k, &c); !s.ok()) return s;
+  const bool same_rope = q.positions == k.positions && q.n_tokens == k.n_tokens && q.n_rot == k.n_rot &&
+                         q.neox == k.neox && q.freq_base == k.freq_base && q.freq_scale == k.freq_scale &&
+                         q.freq_factors == k.freq_factors && q.ext_factor == k.ext_factor &&
+                         q.attn_factor == k.attn_factor && q.beta_fast == k.beta_fast && q.beta_slow == k.beta_slow &&
+                         q.n_ctx_orig == k.n_ctx_orig && q.yarn_truncate == k.yarn_truncate;
+  if (!same_rope) return Status::invalid("rope_store: q and k must share positions and rope parameters");
+  if (k.head_stride != k.head_dim || st.k != k.x || st.k_stride != k.token_stride ||
+      st.k_width != k.n_heads * k.head_dim || st.n_tokens != k.n_tokens || !st.slots || !st.v)
+    return Status::invalid("rope_store: k must be packed heads, the same rows as the store's keys");
+  if (st.cache_type != GgmlType::F32 && st.cache_type != GgmlType::F16)
+    return Status::invalid("rope_store: cache type " + std::string(type_name(st.cache_type)) + " (f32 or f16)");
+  const int64_t q_groups = (q.n_heads + detail::kRopeHeadsPerBlock - 1) / detail::kRopeHeadsPerBlock;
+  const int64_t k_groups = (k.n_heads + detail::kRopeHeadsPerBlock - 1) / detail::kRopeHeadsPerBlock;
+  const int64_t v_pieces = (st.v_width + detail::kValuesPerPiece - 1) / detail::kValuesPerPiece;
+  if (q_groups + k_groups + v_pieces > 65535) return Status::invalid("rope_store: too many heads");
+  const dim3 grid(unsigned(q.n_tokens), unsigned(q_groups + k_groups + v_pieces));
+  if (st.cache_type == GgmlType::F16)
+    launch_chained(detail::rope_store_kernel<__half>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c,
+                   int(q_groups), int(k_groups));
+  else
+    launch_chained(detail::rope_store_kernel<float>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c,
+                   int(q_groups), int(k_groups));
+  return launch_status("rope_store_kernel");
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,18 @@
+#pragma once
+// rope on a token's query and key heads and the store of its keys and values into the KV
+// cache, as one kernel (a decode layer's rope q, rope k and kv_store were three launches).
+// The same values as rope() twice then kv_store(): the rotated keys are written both back to
+// k and, rounded for an f16 cache, into the cache.
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/ops.h"
+#include "backend/cuda/ops_extra.h"
+#include "backend/cuda/status.h"
+
+namespace kiln::cuda {
+
+// q and k share positions, token count and every rope parameter; k's heads are packed
+// (head_stride == head_dim) and k.x / store.k are the same rows (store.k_width = heads x dim).
+Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store, cudaStream_t stream);
+
+}  // namespace kiln::cuda
