@@ -4,7 +4,9 @@
 // the L2 cache. Prints GB/s of bytes that must move (weights, caches) or TFLOP/s, against
 // the device-to-device copy bandwidth it measures first.
 //
-//   bench_cuda_kernels_bench [--quick | --profile]   (--profile: a few launches for ncu)
+//   bench_cuda_kernels_bench [--quick | --profile | --matvec]
+//     --profile: a few launches for ncu; --matvec: only the decode matvecs of Llama-3-8B's
+//     layer shapes for q4_0 / q8_0 / q4_K (e.g. to compare KILN_MATVEC_STAGES settings)
 #include <cublas_v2.h>
 #include <cuda_runtime.h>  // the typed cudaMalloc overloads
 
@@ -482,6 +484,7 @@ void profile_launches(cudaStream_t s) {
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool profile = argc > 1 && std::strcmp(argv[1], "--profile") == 0;
+  const bool matvec_only = argc > 1 && std::strcmp(argv[1], "--matvec") == 0;
   std::string why;
   const auto devices = list_devices(&why);
   if (devices.empty()) {
@@ -503,6 +506,12 @@ int main(int argc, char** argv) {
   bench_copy(s);
   if (profile) {
     profile_launches(s);
+    return 0;
+  }
+  if (matvec_only) {
+    const int64_t layer_shapes[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K})
+      for (const auto& sh : layer_shapes) bench_matvec(s, t, sh[0], sh[1], 0, 0, false);
     return 0;
   }
   const int64_t shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
