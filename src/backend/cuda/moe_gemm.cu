@@ -22,6 +22,7 @@
 
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/moe_staged_decode.cuh"
 
 namespace kiln::cuda {
 namespace detail {
@@ -129,23 +130,6 @@ struct GemmLayout {
   static constexpr int kTotal = kRawBytes + kABytes + kBBytes;
 };
 
-// Elements e0 .. e0+7 of a chunk row staged at `row` (its first byte, misalignment skipped).
-template <typename W>
-__device__ __forceinline__ void decode8_staged(const uint8_t* row, int e0, float* v) {
-  if constexpr (IsPlain<W>::value) {
-    if constexpr (W::kBytes == 4) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = reinterpret_cast<const float*>(row)[e0 + i];
-    } else {
-      const unsigned short* e = reinterpret_cast<const unsigned short*>(row) + e0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = W::kBf16 ? bf16_to_float(e[i]) : half_to_float(e[i]);
-    }
-  } else {
-    W::decode8(row + (e0 / W::kElems) * W::kBytes, (e0 % W::kElems) / 8, v);
-  }
-}
-
 using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
 
 // The block's 128 x 64 product over one K step of 32 from the staged tiles (A: row-major
@@ -242,7 +226,7 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
         float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (rows[r]) {
           const int head = int(reinterpret_cast<uintptr_t>(chunk_src(r, c)) & 15);
-          decode8_staged<W>(stage + r * C::kPitch + head, s * kTileK + a_col, v);
+          decode8_staged<W>(stage + r * C::kPitch, head, s * kTileK + a_col, v);
         }
         *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
       }
