@@ -13,6 +13,11 @@
 // all of a warp's segments (pair rows) in one pipeline, so short rows (768 columns) still
 // keep several copies in flight.
 //
+// The four launches are chained (launch.cuh): each quantize kernel waits for the kernel
+// before it and only then lets the next one start, so the matvec after it may read the expert
+// ids (written by the routing, two kernels back) and issue its first weight copies before its
+// own wait; the activations it reads only after.
+//
 // Plain weights, and every type in exact mode: the same two launches with f32 activations,
 // the weights decoded to f32 by the block formats' exact decode8 straight from global
 // memory (slower; the exact mode is for checking, plain weights are for tests).
