@@ -22,6 +22,7 @@
 
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/moe_staged_decode.cuh"
 
 namespace kiln::cuda {
 namespace detail {
@@ -31,6 +32,9 @@ constexpr int kTileK = 32;        // K step
 constexpr int kLdK = kTileK + 8;  // bf16 per shared row (pads off bank conflicts; a multiple of 8)
 constexpr int kGemmThreads = 256; // 8 warps: 4 along the rows x 2 along the tokens, 32 x 32 each
 constexpr int kTileRows = 128;    // weight rows per block (gate/up: 64 of gate + the same 64 of up)
+// Registers capped for 3 blocks (24 warps) per SM: at ~100 registers gate/up ran 2 blocks per
+// SM, and each K step's decode and its two block-wide barriers left the SM mostly waiting.
+constexpr int kGemmBlocksPerSm = 3;
 constexpr int kLdC = kTileRows + 4;
 
 using Bf16 = __nv_bfloat16;
@@ -100,13 +104,15 @@ __device__ __forceinline__ const uint8_t* matrix_row(const ExpertMatrix& m, int 
 }
 
 // ---- the tile engine ---------------------------------------------------------------------
-// Raw weight bytes travel in chunks of kK columns (one K-quant super-block, or 8 blocks of
+// Raw weight bytes travel in chunks of kK columns (one K-quant super-block, or 4 blocks of
 // 32) per row, copied with 16-byte asynchronous copies one chunk ahead; each chunk is then
 // decoded 32 columns at a time from shared memory into the bf16 A tile.
 
+// Blocks of 32 travel in chunks of 128 columns (4 blocks): with 256, q8_0's two stages of
+// 128 rows took 74 KB and held the launch to 2 blocks per SM.
 template <typename W>
 struct RawChunk {
-  static constexpr int kK = IsPlain<W>::value ? (W::kBytes == 4 ? 64 : 128) : 256;
+  static constexpr int kK = IsPlain<W>::value ? (W::kBytes == 4 ? 64 : 128) : W::kElems == 32 ? 128 : 256;
   static constexpr int kBytes = IsPlain<W>::value ? kK * W::kBytes : kK / W::kElems * W::kBytes;
   // The chunk's bytes behind up to 15 bytes of misalignment, in whole 16-byte pieces.
   static constexpr int kPitch = (kBytes + 15 + 15) / 16 * 16;
@@ -123,23 +129,6 @@ struct GemmLayout {
   static constexpr int kBBytes = kTileTokens * kLdK * 2;
   static constexpr int kTotal = kRawBytes + kABytes + kBBytes;
 };
-
-// Elements e0 .. e0+7 of a chunk row staged at `row` (its first byte, misalignment skipped).
-template <typename W>
-__device__ __forceinline__ void decode8_staged(const uint8_t* row, int e0, float* v) {
-  if constexpr (IsPlain<W>::value) {
-    if constexpr (W::kBytes == 4) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = reinterpret_cast<const float*>(row)[e0 + i];
-    } else {
-      const unsigned short* e = reinterpret_cast<const unsigned short*>(row) + e0;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = W::kBf16 ? bf16_to_float(e[i]) : half_to_float(e[i]);
-    }
-  } else {
-    W::decode8(row + (e0 / W::kElems) * W::kBytes, (e0 % W::kElems) / 8, v);
-  }
-}
 
 using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
 
@@ -237,7 +226,7 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
         float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (rows[r]) {
           const int head = int(reinterpret_cast<uintptr_t>(chunk_src(r, c)) & 15);
-          decode8_staged<W>(stage + r * C::kPitch + head, s * kTileK + a_col, v);
+          decode8_staged<W>(stage + r * C::kPitch, head, s * kTileK + a_col, v);
         }
         *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
       }
@@ -296,7 +285,7 @@ struct SortedH {
 
 // Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert.
 template <typename W>
-__global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnArgs a, Routing rt, Bf16* h) {
+__global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_gate_up_gemm_kernel(MoeFfnArgs a, Routing rt, Bf16* h) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ const uint8_t* rows[kTileRows];
   if (int(blockIdx.y) >= *rt.n_tiles) return;
@@ -334,7 +323,7 @@ __global__ void __launch_bounds__(kGemmThreads) moe_gate_up_gemm_kernel(MoeFfnAr
 
 // Rows x*128 .. of down of the tile's expert; y (f32, bias added) at the sorted positions.
 template <typename W>
-__global__ void __launch_bounds__(kGemmThreads) moe_down_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* h,
+__global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_down_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* h,
                                                                      float* y) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ const uint8_t* rows[kTileRows];

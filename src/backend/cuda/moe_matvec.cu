@@ -13,11 +13,17 @@
 // all of a warp's segments (pair rows) in one pipeline, so short rows (768 columns) still
 // keep several copies in flight.
 //
+// The four launches are chained (launch.cuh): each quantize kernel waits for the kernel
+// before it and only then lets the next one start, so the matvec after it may read the expert
+// ids (written by the routing, two kernels back) and issue its first weight copies before its
+// own wait; the activations it reads only after.
+//
 // Plain weights, and every type in exact mode: the same two launches with f32 activations,
 // the weights decoded to f32 by the block formats' exact decode8 straight from global
 // memory (slower; the exact mode is for checking, plain weights are for tests).
 #include <string>
 
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_kernels.cuh"
 
@@ -34,6 +40,9 @@ constexpr int kMoeStages = 4;
 // as matvec.h's Q8Vector: row i's values at qs + i * qs_pitch, its scales at ds + i * n / 32.
 __global__ void moe_quantize_rows_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n,
                                          int8_t* __restrict__ qs, int64_t qs_pitch, float2* __restrict__ ds) {
+  // Waits before it lets the next kernel start: the matvec after it reads expert ids (two
+  // kernels back) before its own wait.
+  begin_chained_kernel();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = blockIdx.y;
   if (i >= n) return;  // whole warps leave together
@@ -61,9 +70,13 @@ struct ChunkShape {
 // (each a row of n_slices * 32 columns with its own activations and factor):
 //   acc[r] += sum_s factor(s) * (row(s, r) . x(s))   (per-lane partial sums)
 // `stage` is this warp's [kMoeStages][kRows][kStageBytes] shared buffer.
-template <typename Fmt, int kRows, typename Segments>
+//
+// `ready()` runs once the first chunks' copies are issued and before any activation is read:
+// a chained kernel waits there for the kernel before it (the expert ids it reads for the
+// weight addresses were written two kernels back; see moe_ffn_matvec).
+template <typename Fmt, int kRows, typename Segments, typename Ready>
 __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs, int64_t n_slices, uint8_t* stage,
-                                                float (&acc)[kRows]) {
+                                                float (&acc)[kRows], Ready&& ready) {
   using S = ChunkShape<Fmt>;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t n_blocks = n_slices / S::kSlicesPerBlock;
@@ -90,6 +103,7 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
 
 #pragma unroll
   for (int k = 0; k < kMoeStages - 1; ++k) issue(k);
+  ready();
   for (int64_t k = 0; k < total; ++k) {
     issue(k + kMoeStages - 1);
     const int seg = int(k / per_seg);
@@ -100,6 +114,7 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
     float2 ds = make_float2(0.0f, 0.0f);
     if (active) {
       const int4* xv = reinterpret_cast<const int4*>(segs.xqs(seg) + 32 * slice);
+      // Written by the kernel before, read after ready()'s wait (as matvec.cu does).
       const int4 a = __ldg(xv), b = __ldg(xv + 1);
       x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
       ds = __ldg(segs.xds(seg) + slice);
@@ -177,7 +192,7 @@ __global__ void __launch_bounds__(kMoeThreads) moe_gate_up_q8_kernel(MoeFfnArgs 
   const int e = expert_of(a, t, j);
   GateUpSegments segs{expert_row(a.gate, e, r), expert_row(a.up, e, r), xq.qs + t * xq.pitch, xq.ds + t * xq.blocks};
   float acc[2] = {0.0f, 0.0f};
-  segments_dot_q8<Fmt, 2>(segs, 1, a.n_embd / 32, stage[warp], acc);
+  segments_dot_q8<Fmt, 2>(segs, 1, a.n_embd / 32, stage[warp], acc, [] { begin_chained_kernel(); });
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
   if (lane == 0)
     h[p * a.n_ff + r] = e < 0 ? moe_nan()
@@ -233,7 +248,7 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, 
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  segments_dot_q8<Fmt, kRows>(segs, int(a.n_used), a.n_ff / 32, stage[warp], acc);
+  segments_dot_q8<Fmt, kRows>(segs, int(a.n_used), a.n_ff / 32, stage[warp], acc, [] { begin_chained_kernel(); });
   finish_down<kRows>(a, t, row0, acc);
 }
 
@@ -320,11 +335,18 @@ MatvecScratch plan_scratch(const MoeFfnArgs& a, bool q8_gate_up, bool q8_down) {
   return s;
 }
 
+Status chained_status(cudaError_t e, const char* kernel) {
+  return e != cudaSuccess ? Status::from_cuda(e, kernel) : launch_status(kernel);
+}
+
 Status quantize_rows(const float* x, int64_t stride, int64_t n, int64_t rows, int8_t* qs, float2* ds,
                      cudaStream_t stream) {
   constexpr int kThreads = 256;
   const dim3 grid(unsigned((n + kThreads - 1) / kThreads), unsigned(rows));
-  moe_quantize_rows_kernel<<<grid, kThreads, 0, stream>>>(x, stride, n, qs, q8_pitch(n), ds);
+  if (cudaError_t e = launch_chained(moe_quantize_rows_kernel, grid, dim3(kThreads), 0, stream, x, stride, n, qs,
+                                     q8_pitch(n), ds);
+      e != cudaSuccess)
+    return Status::from_cuda(e, "moe_quantize_rows_kernel");
   return launch_status("moe_quantize_rows_kernel");
 }
 
@@ -372,8 +394,9 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
         !st.ok())
       return st;
     visit_quant_format(a.gate.type, [&](auto fmt) {
-      moe_gate_up_q8_kernel<decltype(fmt)><<<gate_up_grid, kMoeThreads, 0, stream>>>(a, xq, h);
-      status = launch_status("moe_gate_up_q8_kernel");
+      status = chained_status(
+          launch_chained(moe_gate_up_q8_kernel<decltype(fmt)>, gate_up_grid, dim3(kMoeThreads), 0, stream, a, xq, h),
+          "moe_gate_up_q8_kernel");
     });
   } else {
     visit_moe_format(a.gate.type, [&](auto fmt) {
@@ -396,11 +419,10 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
     const int rows_per_block = kMoeWarps * (two_rows ? 2 : 1);
     const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
     visit_quant_format(a.down.type, [&](auto fmt) {
-      if (two_rows)
-        moe_down_q8_kernel<decltype(fmt), 2><<<grid, kMoeThreads, 0, stream>>>(a, hq);
-      else
-        moe_down_q8_kernel<decltype(fmt), 1><<<grid, kMoeThreads, 0, stream>>>(a, hq);
-      status = launch_status("moe_down_q8_kernel");
+      const cudaError_t e =
+          two_rows ? launch_chained(moe_down_q8_kernel<decltype(fmt), 2>, grid, dim3(kMoeThreads), 0, stream, a, hq)
+                   : launch_chained(moe_down_q8_kernel<decltype(fmt), 1>, grid, dim3(kMoeThreads), 0, stream, a, hq);
+      status = chained_status(e, "moe_down_q8_kernel");
     });
   } else {
     const dim3 grid(unsigned((a.n_embd + kMoeWarps - 1) / kMoeWarps), unsigned(a.n_tokens));

@@ -1,6 +1,6 @@
 // Row-wise and elementwise ops of the CUDA backend (ops_extra.h): add / scale / soft-cap /
 // sigmoid gate, softmax, gated RMS norm, KV-cache stores, and the mixture-of-experts
-// routing and combine. v1 kernels: one block per row, f32 arithmetic.
+// combine (the routing is in moe_route.cu). v1 kernels: one block per row, f32 arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -91,51 +91,6 @@ __global__ void kv_store_kernel(KvStoreArgs a) {
   for (int64_t i = first; i < a.v_width; i += step) detail::store_as(cache_v + i, a.v[t * a.v_stride + i]);
 }
 
-// One thread per token: n_expert is small (<= a few hundred), k smaller still.
-__global__ void moe_route_kernel(MoeRouteArgs a) {
-  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= a.n_tokens) return;
-  const float* l = a.logits + t * a.logits_stride;
-  int32_t* ids = a.ids + t * a.ids_stride;
-  float* w = a.weights + t * a.weights_stride;
-  float m = -INFINITY;
-  for (int64_t e = 0; e < a.n_expert; ++e) m = fmaxf(m, l[e]);
-  double sum = 0;
-  if (a.gating == 0)
-    for (int64_t e = 0; e < a.n_expert; ++e) sum += exp(double(l[e] - m));
-  auto score = [&](int64_t e) -> float {
-    if (a.gating == 0) return float(exp(double(l[e] - m)) / sum);
-    if (a.gating == 1) return 1.0f / (1.0f + expf(-l[e]));
-    return l[e];
-  };
-  // k passes of "largest not yet taken" (stable: the first of equals wins).
-  for (int j = 0; j < a.n_used; ++j) {
-    int64_t best = -1;
-    float best_choice = 0.0f;
-    for (int64_t e = 0; e < a.n_expert; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken |= ids[i] == e;
-      if (taken) continue;
-      const float c = score(e) + (a.selection_bias ? a.selection_bias[e] : 0.0f);
-      if (best < 0 || c > best_choice) best = e, best_choice = c;
-    }
-    ids[j] = int32_t(best);
-    w[j] = score(best);
-  }
-  if (a.gating == 2) {
-    const float top = w[0];
-    double s = 0;
-    for (int j = 0; j < a.n_used; ++j) s += (w[j] = expf(w[j] - top));
-    for (int j = 0; j < a.n_used; ++j) w[j] = float(w[j] / s);
-  }
-  if (a.normalize) {
-    double s = 0;
-    for (int j = 0; j < a.n_used; ++j) s += w[j];
-    for (int j = 0; j < a.n_used; ++j) w[j] = float(w[j] / s);
-  }
-  for (int j = 0; j < a.n_used; ++j) w[j] *= a.scale;
-}
-
 __global__ void moe_combine_kernel(MoeCombineArgs a) {
   const int64_t t = blockIdx.x;
   float weight = 0.0f;
@@ -189,14 +144,6 @@ Status kv_store(const KvStoreArgs& a, cudaStream_t stream) {
   else
     launch_chained(rows_detail::kv_store_kernel<float>, grid, 128, 0, stream, a);
   return launch_status("kv_store_kernel");
-}
-
-Status moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
-  if (a.n_used <= 0 || a.n_used > a.n_expert)
-    return Status::invalid("moe_route: " + std::to_string(a.n_used) + " experts used of " + std::to_string(a.n_expert));
-  if (a.n_tokens <= 0) return Status();
-  rows_detail::moe_route_kernel<<<unsigned((a.n_tokens + 63) / 64), 64, 0, stream>>>(a);
-  return launch_status("moe_route_kernel");
 }
 
 Status moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
