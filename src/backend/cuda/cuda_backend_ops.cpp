@@ -143,7 +143,10 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tens
   a.eps = eps, a.rows = x.rows(), a.dim = x.ne[0];
   a.y = out.as<float>(), a.y_stride = stride_of(out, "rmsnorm", "out");
   a.q8 = q8_for_next_matmul(a.dim, a.rows, &a.q8_row_bytes);
-  record(Sig(Op::RmsNorm).t(x).t(weight).t(out).v(eps).v(a.q8).h, x.rows(),
+  // Heads as rows ({head_dim, heads, T}, the q/k norms of qwen3): T tokens, not heads * T rows,
+  // or a one-token decode pass of 32 heads counts as 32 tokens and is never graphed.
+  const int64_t tokens = x.n_dims >= 3 ? x.ne[2] * x.ne[3] : x.rows();
+  record(Sig(Op::RmsNorm).t(x).t(weight).t(out).v(eps).v(a.q8).h, tokens,
          [=](cudaStream_t s) { return cuda::rmsnorm(a, s); }, "rmsnorm");
   remember_q8(a.y, a.dim, a.rows, a.y_stride, a.q8);
 }
