@@ -94,6 +94,11 @@ class CudaBackend final : public Backend {
   void stage_upload(const void* host, void* dst, size_t bytes);
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
+  // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false
+  // where it does not apply (the caller then runs the parts one by one).
+  bool matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts);
+  struct PrefillLanes;
+  std::shared_ptr<PrefillLanes> prefill_lanes_;
   void add_bias(const Tensor& bias, Tensor& out);
   // MoE (cuda_backend_moe.cpp): every expert on every token, for expert types the routed
   // kernels refuse (gate and up of different types).

@@ -33,6 +33,7 @@ bool overlaps(const float* a, int64_t a_floats, const float* b, int64_t b_floats
 void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
   using namespace cuda_fused;
   const int64_t K = x.ne[0], T = x.ne[1];
+  if (T > kMaxTokens && matmul_parts_prefill(x, parts)) return;
   bool fused = !options_.exact && options_.fused && !parts.empty() && parts.size() <= size_t(cuda::kMaxMatvecParts) &&
                packed_f32(x) && T <= kMaxTokens;
   const GgmlType type = fused ? parts[0].w->dtype : GgmlType::F32;
