@@ -117,7 +117,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Several parts over one X (gemm_parts): q/k/v-like widths on three lanes (side streams with
 // their own handles), against the same double-precision reference as a single product;
-// and on one lane (the caller's stream only).
+// and on one lane (the caller's stream only). Two rounds: the first times the algorithms
+// of new shapes and runs the parts one after the other, the second runs them side by side.
 struct PartsCase {
   GgmlType type;
   int64_t t, k;
@@ -162,33 +163,36 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
   a.parts = parts;
   DeviceBuffer scratch(gemm_parts_scratch_bytes(a));
   scratch.poison();
-  KILN_STATUS_OK(gemm_parts(a, lanes, scratch.as(), scratch.bytes()));
-  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(lanes.stream[0]));  // lane 0 has joined the others
-
   std::vector<float> wrow(size_t(c.k));
-  for (int i = 0; i < 3; ++i) {
-    const int64_t n = widths[i], y_stride = n + 5;
-    const std::vector<float> y_all = to_host<float>(y_d[size_t(i)], size_t(c.t * y_stride));
-    std::vector<float> got;
-    std::vector<double> ref, tol;
-    std::vector<std::vector<float>> wdeq(static_cast<size_t>(n));
-    for (int64_t r = 0; r < n; ++r) {
-      dequantize_row_reference(c.type, w[size_t(i)].data() + r * w_stride, wrow.data(), c.k);
-      wdeq[size_t(r)] = wrow;
-    }
-    for (int64_t j = 0; j < c.t; ++j)
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    for (const DeviceBuffer& y : y_d) y.poison();
+    KILN_STATUS_OK(gemm_parts(a, lanes, scratch.as(), scratch.bytes()));
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(lanes.stream[0]));  // lane 0 has joined the others
+    for (int i = 0; i < 3; ++i) {
+      const int64_t n = widths[i], y_stride = n + 5;
+      const std::vector<float> y_all = to_host<float>(y_d[size_t(i)], size_t(c.t * y_stride));
+      std::vector<float> got;
+      std::vector<double> ref, tol;
+      std::vector<std::vector<float>> wdeq(static_cast<size_t>(n));
       for (int64_t r = 0; r < n; ++r) {
-        double same = 0, mag = 0;
-        for (int64_t kk = 0; kk < c.k; ++kk) {
-          const float xv = x[size_t(j * x_stride + kk)], wv = wdeq[size_t(r)][size_t(kk)];
-          mag += std::fabs(double(xv) * wv);
-          same += double(round_as(c.type, xv)) * round_as(c.type, wv);
-        }
-        got.push_back(y_all[size_t(j * y_stride + r)]);
-        ref.push_back(same);
-        tol.push_back(1e-4 * mag + 1e-30);
+        dequantize_row_reference(c.type, w[size_t(i)].data() + r * w_stride, wrow.data(), c.k);
+        wdeq[size_t(r)] = wrow;
       }
-    EXPECT_TRUE(all_close(got, ref, tol, "part " + std::to_string(i) + " vs reference from the same rounded inputs"));
+      for (int64_t j = 0; j < c.t; ++j)
+        for (int64_t r = 0; r < n; ++r) {
+          double same = 0, mag = 0;
+          for (int64_t kk = 0; kk < c.k; ++kk) {
+            const float xv = x[size_t(j * x_stride + kk)], wv = wdeq[size_t(r)][size_t(kk)];
+            mag += std::fabs(double(xv) * wv);
+            same += double(round_as(c.type, xv)) * round_as(c.type, wv);
+          }
+          got.push_back(y_all[size_t(j * y_stride + r)]);
+          ref.push_back(same);
+          tol.push_back(1e-4 * mag + 1e-30);
+        }
+      EXPECT_TRUE(all_close(got, ref, tol, "part " + std::to_string(i) + " vs reference from the same rounded inputs"));
+    }
   }
   for (int i = 0; i < c.lanes; ++i) {
     cublasDestroy(lanes.blas[i]);

@@ -1,6 +1,10 @@
 // The CUDA backend's prefill products over several weights (q/k/v, gate/up): one rounding of
-// the input, one dequantization slab, the products on side streams so that the small ones
-// run together (gemm.h, gemm_parts). Decode batches and exact mode never come here.
+// the input, one dequantization slab, then the products (gemm.h, gemm_parts). Decode batches
+// and exact mode never come here.
+//
+// Side streams: gemm_parts can run the parts side by side, but on an H200 (llama3-8b F16,
+// pp512) four lanes measured 31,949 t/s against 33,046 with one (docs/perf-notes.md,
+// round 4), so one lane is the default; KILN_CUDA_PREFILL_LANES=n asks for n.
 #include <array>
 #include <cstdlib>
 #include <string>
@@ -47,9 +51,16 @@ struct CudaBackend::PrefillLanes {
 
 bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts) {
   using namespace cuda_prefill;
+  // KILN_CUDA_PREFILL_PARTS=0: parts one by one (to measure what this saves);
+  // KILN_CUDA_PREFILL_LANES=n: n streams (1: all products on the pass's stream).
   static const bool enabled = [] {
     const char* env = std::getenv("KILN_CUDA_PREFILL_PARTS");
     return !(env && std::string(env) == "0");
+  }();
+  static const int lane_count = [] {
+    const char* env = std::getenv("KILN_CUDA_PREFILL_LANES");
+    const int n = env ? std::atoi(env) : 1;
+    return n < 1 ? 1 : n > cuda::kMaxGemmLanes ? cuda::kMaxGemmLanes : n;
   }();
   const int64_t K = x.ne[0], T = x.ne[1];
   if (!enabled || options_.exact || T < kMinTokens || parts.size() < 2 ||
@@ -74,13 +85,17 @@ bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPa
   a.type = type, a.w_row_bytes = int64_t(w0.nb[1]), a.k = K;
   a.x = x.as<float>(), a.x_stride = int64_t(x.nb[1] / 4), a.t = T;
   a.parts = gp;
+  if (type != GgmlType::F16 && type != GgmlType::BF16) {  // quantized: every part's rows in one bf16 slab
+    size_t slab = 0;
+    for (const cuda::GemmPart& p : gp) slab += size_t(p.n) * size_t(K) * 2;
+    if (slab > kSlabBytes) return false;  // too large: one part at a time, in slabs
+  }
   const size_t need = cuda::gemm_parts_scratch_bytes(a);
-  if (need > kSlabBytes + (size_t(T) * K * 2 + 256)) return false;  // too large a slab: one part at a time
 
   if (!prefill_lanes_) {
     prefill_lanes_ = std::make_shared<PrefillLanes>();
     cuda::GemmLanes& l = prefill_lanes_->lanes;
-    l.count = cuda::kMaxGemmLanes;
+    l.count = lane_count;
     l.blas[0] = blas_;
     check(cudaEventCreateWithFlags(&l.fork, cudaEventDisableTiming), "cudaEventCreate (prefill fork)");
     for (int i = 1; i < l.count; ++i) {

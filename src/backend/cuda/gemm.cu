@@ -3,6 +3,7 @@
 
 #include "backend/cuda/dequant.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm_lt.h"
 
 namespace kiln::cuda {
 namespace {
@@ -17,11 +18,23 @@ Status blas_status(cublasStatus_t s, const char* what) {
   return Status::from_cuda(cudaErrorUnknown, std::string("gemm: ") + what + " failed: " + cublasGetStatusString(s));
 }
 
-// X (f32) -> the half type of the product, packed rows of k.
-size_t x_copy_bytes(const GemmArgs& a) { return a.type == GgmlType::F32 ? 0 : align_up(size_t(a.t) * a.k * 2); }
+// Products of more rows than a decode batch take the timed cuBLASLt algorithms (gemm_lt.h).
+constexpr int64_t kMinTunedTokens = 9;
 
+// X (f32) -> the half type of the product, packed rows of k; then the cuBLASLt workspace.
+size_t x_half_bytes(const GemmArgs& a) { return align_up(size_t(a.t) * a.k * 2); }
+size_t x_copy_bytes(const GemmArgs& a) { return a.type == GgmlType::F32 ? 0 : x_half_bytes(a) + kLtWorkspaceBytes; }
+
+// A workspace (null for f32 products) lets half products of prefill size take cuBLASLt.
 Status product(cublasHandle_t blas, cudaDataType_t type, int64_t t, int64_t k, const void* w, int64_t ldw,
-               int64_t rows, const void* x, int64_t ldx, float* y, int64_t ldy) {
+               int64_t rows, const void* x, int64_t ldx, float* y, int64_t ldy, void* workspace = nullptr,
+               cudaStream_t stream = nullptr) {
+  if (workspace && t >= kMinTunedTokens && type != CUDA_R_32F) {
+    LtProduct p;
+    p.type = type, p.rows = rows, p.t = t, p.k = k, p.w = w, p.ldw = ldw, p.x = x, p.ldx = ldx, p.y = y, p.ldy = ldy;
+    Status status;
+    if (lt_product(p, workspace, kLtWorkspaceBytes, stream, &status)) return status;
+  }
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major Y[t][rows] = X W^T is column-major Y^T (rows x t) = W (rows x k, stored
   // column-major as k x rows, hence op T) times X^T (k x t).
@@ -31,8 +44,9 @@ Status product(cublasHandle_t blas, cudaDataType_t type, int64_t t, int64_t k, c
                      "cublasGemmEx");
 }
 Status product(const GemmArgs& a, cublasHandle_t blas, cudaDataType_t type, const void* w, int64_t ldw,
-               int64_t rows, const void* x, int64_t ldx, float* y) {
-  return product(blas, type, a.t, a.k, w, ldw, rows, x, ldx, y, a.y_stride);
+               int64_t rows, const void* x, int64_t ldx, float* y, void* workspace = nullptr,
+               cudaStream_t stream = nullptr) {
+  return product(blas, type, a.t, a.k, w, ldw, rows, x, ldx, y, a.y_stride, workspace, stream);
 }
 
 // X (f32 rows) rounded into packed rows of the half type.
@@ -96,10 +110,11 @@ Status gemm(const GemmArgs& a, cublasHandle_t blas, void* scratch, size_t scratc
   const OutType half = a.type == GgmlType::F16 ? OutType::F16 : OutType::BF16;
   const cudaDataType_t half_type = a.type == GgmlType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   void* x_half = scratch;
+  void* workspace = static_cast<uint8_t*>(scratch) + x_half_bytes(a);
   if (Status s = round_x(a.x, a.x_stride, a.t, a.k, half, x_half, stream); !s.ok()) return s;
 
   if (!is_quantized(a.type))
-    return product(a, blas, half_type, a.w, a.w_row_bytes / 2, a.n, x_half, a.k, a.y);
+    return product(a, blas, half_type, a.w, a.w_row_bytes / 2, a.n, x_half, a.k, a.y, workspace, stream);
 
   // Quantized: slabs of rows (multiples of 64) dequantized to bf16, one product each.
   void* w_half = static_cast<uint8_t*>(scratch) + x_bytes;
@@ -118,14 +133,16 @@ Status gemm(const GemmArgs& a, cublasHandle_t blas, void* scratch, size_t scratc
     wd.dst_stride = a.k;
     wd.out = OutType::BF16;
     if (Status s = dequantize_rows(wd, stream); !s.ok()) return s;
-    if (Status s = product(a, blas, CUDA_R_16BF, w_half, a.k, rows, x_half, a.k, a.y + n0); !s.ok()) return s;
+    if (Status s = product(a, blas, CUDA_R_16BF, w_half, a.k, rows, x_half, a.k, a.y + n0, workspace, stream);
+        !s.ok())
+      return s;
   }
   return Status();
 }
 
 size_t gemm_parts_scratch_bytes(const GemmPartsArgs& a) {
   if (a.k <= 0 || a.t <= 0) return 0;
-  size_t bytes = align_up(size_t(a.t) * a.k * 2);
+  size_t bytes = align_up(size_t(a.t) * a.k * 2) + kMaxGemmLanes * kLtWorkspaceBytes;
   if (is_quantized(a.type))
     for (const GemmPart& p : a.parts) bytes += align_up(size_t(p.n) * a.k * 2);
   return bytes;
@@ -166,7 +183,8 @@ Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch,
   const void* w_of[16];
   int64_t ldw = a.w_row_bytes / 2;
   if (n_parts > 16) return Status::invalid("gemm_parts: at most 16 parts");
-  uint8_t* slab = static_cast<uint8_t*>(scratch) + align_up(size_t(a.t) * a.k * 2);
+  uint8_t* workspaces = static_cast<uint8_t*>(scratch) + align_up(size_t(a.t) * a.k * 2);  // one per lane
+  uint8_t* slab = workspaces + kMaxGemmLanes * kLtWorkspaceBytes;
   for (size_t i = 0; i < n_parts; ++i) {
     const GemmPart& p = a.parts[i];
     if (!quantized) {
@@ -188,7 +206,15 @@ Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch,
   }
   if (quantized) ldw = a.k;
 
-  const int lanes_used = int(n_parts < size_t(lanes.count) ? n_parts : size_t(lanes.count));
+  // Side by side only once every part's algorithm is chosen: timing wants the GPU alone.
+  bool all_planned = true;
+  for (size_t i = 0; i < n_parts; ++i) {
+    LtProduct p;
+    p.type = half_type, p.rows = a.parts[i].n, p.t = a.t, p.k = a.k, p.w = w_of[i], p.ldw = ldw;
+    p.x = x_half, p.ldx = a.k, p.y = a.parts[i].y, p.ldy = a.parts[i].y_stride;
+    all_planned = all_planned && (a.t < kMinTunedTokens || lt_planned(p));
+  }
+  const int lanes_used = all_planned ? int(n_parts < size_t(lanes.count) ? n_parts : size_t(lanes.count)) : 1;
   if (lanes_used > 1)
     if (Status s = cuda_status(cudaEventRecord(lanes.fork, main), "cudaEventRecord (fork)"); !s.ok()) return s;
   for (int lane = 1; lane < lanes_used; ++lane)
@@ -202,7 +228,10 @@ Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch,
         !s.ok())
       return s;
     const GemmPart& p = a.parts[i];
-    if (Status s = product(blas, half_type, a.t, a.k, w_of[i], ldw, p.n, x_half, a.k, p.y, p.y_stride); !s.ok())
+    cudaStream_t stream = lane == 0 ? main : lanes.stream[lane];
+    if (Status s = product(blas, half_type, a.t, a.k, w_of[i], ldw, p.n, x_half, a.k, p.y, p.y_stride,
+                           workspaces + size_t(lane) * kLtWorkspaceBytes, stream);
+        !s.ok())
       return s;
   }
   for (int lane = 1; lane < lanes_used; ++lane) {

@@ -9,8 +9,10 @@
 // Shared memory holds Q (once) and two stages of K and V tiles, as f16 rows padded by 8
 // elements: rows then start 4 banks apart, and the 8-row ldmatrix loads are conflict-free.
 // v6: the next tile's K and V are copied (cp.async, f16 cache) while the current one is
-// multiplied; Q stays in registers; K and V fragments come from ldmatrix (V transposed),
-// and the blocks with the most keys (the last queries) start first.
+// multiplied; Q stays in registers; K and V fragments come from ldmatrix (V transposed).
+// v6b: heavy and light query blocks paired on a multiprocessor (see block_order), masks only
+// on the tiles that cross the diagonal or a window edge, exp2 with log2(e) folded into the
+// scale, cache slots by shift and mask when the block size is a power of two.
 #include "backend/cuda/prefill_attention.h"
 
 #include <cuda_fp16.h>
@@ -81,9 +83,18 @@ __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_ca
 // One K and one V tile (keys kb.., rows past key_end zero) into a stage. An f16 cache is
 // copied asynchronously in 16-byte pieces (the caller commits and waits); an f32 cache is
 // read through registers, eight loads in flight before they are converted.
+// The cache slot of `key`: its block from the sequence's table, then the offset in it
+// (block_shift >= 0: the block size is 1 << block_shift).
+__device__ __forceinline__ int64_t slot_of(const PrefillAttentionArgs& a, const int32_t* table, int block_shift,
+                                           int key) {
+  if (block_shift >= 0)
+    return (int64_t(table[key >> block_shift]) << block_shift) + (key & ((1 << block_shift) - 1));
+  return int64_t(table[key / a.block_size]) * a.block_size + key % a.block_size;
+}
+
 template <int D, typename KV>
-__device__ __forceinline__ void load_tile(const PrefillAttentionArgs& a, const int32_t* table, int kv_head, int kb,
-                                          int key_end, __half* k_dst, __half* v_dst) {
+__device__ __forceinline__ void load_tile(const PrefillAttentionArgs& a, const int32_t* table, int block_shift,
+                                          int kv_head, int kb, int key_end, __half* k_dst, __half* v_dst) {
   constexpr int kRow = D + kPad;
   constexpr int kWidth = 16 / int(sizeof(KV));  // elements per 16-byte piece
   constexpr int kPieces = D / kWidth;           // pieces per row
@@ -100,7 +111,7 @@ __device__ __forceinline__ void load_tile(const PrefillAttentionArgs& a, const i
       const int i = threadIdx.x + j * kThreads;
       const int r = i / kPieces, c = (i % kPieces) * kWidth, key = kb + r;
       const bool valid = key < key_end;
-      const int64_t slot = valid ? int64_t(table[key / a.block_size]) * a.block_size + key % a.block_size : 0;
+      const int64_t slot = valid ? slot_of(a, table, block_shift, key) : 0;
       const KV* k_src = k_cache + (valid ? slot * a.k_slot_stride + int64_t(kv_head) * D + c : 0);
       const KV* v_src = v_cache + (valid ? slot * a.v_slot_stride + int64_t(kv_head) * D + c : 0);
       if constexpr (sizeof(KV) == 2) {
@@ -123,6 +134,19 @@ __device__ __forceinline__ void load_tile(const PrefillAttentionArgs& a, const i
   }
 }
 
+// Query block of the launch's linear block id. The blocks walk 1..n tiles (causal), and two
+// share a multiprocessor: blocks go out in linear order, the first half the heavy query
+// blocks (heaviest first), the second half the light ones (lightest first), so that the
+// second block an SM receives is about as light as its first was heavy.
+__device__ __forceinline__ int block_order(int* head) {
+  const int n_blocks = gridDim.x, n_heads = gridDim.y;
+  const int linear = blockIdx.x + blockIdx.y * n_blocks;
+  const int rank = linear / n_heads;
+  *head = linear % n_heads;
+  const int heavy = n_blocks - n_blocks / 2;
+  return rank < heavy ? n_blocks - 1 - rank : rank - heavy;
+}
+
 template <int D, typename KV>
 __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAttentionArgs a) {
   extern __shared__ __align__(16) __half smem[];
@@ -132,8 +156,9 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
   __half* v_s = k_s + kStages * kKeys * kRow;       // kStages tiles
   constexpr int kTile = kKeys * kRow;
 
-  // Last query blocks first: they walk the most keys.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kQueryRows, head = blockIdx.y;
+  int head = 0;
+  const int q0 = block_order(&head) * kQueryRows;
+  const int block_shift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
   const int kv_head = head / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -146,14 +171,26 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
   const int n_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
 
   // The first tile's copy runs while Q is converted.
-  load_tile<D, KV>(a, table, kv_head, key_begin, key_end, k_s, v_s);
+  load_tile<D, KV>(a, table, block_shift, kv_head, key_begin, key_end, k_s, v_s);
   detail::cp_async_commit();
 
-  for (int i = threadIdx.x; i < kQueryRows * D / 4; i += kThreads) {
-    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-    const float4 v = q0 + r < a.n_tokens ? load4(a.q + int64_t(q0 + r) * a.q_stride + int64_t(head) * D + c)
-                                         : make_float4(0.f, 0.f, 0.f, 0.f);
-    store4(q_s + r * kRow + c, v);
+  constexpr int kQLoads = kQueryRows * D / 4 / kThreads;  // float4 per thread
+  constexpr int kQBatch = 8;
+  static_assert(kQLoads % kQBatch == 0, "whole batches of Q loads");
+#pragma unroll
+  for (int j0 = 0; j0 < kQLoads; j0 += kQBatch) {
+    float4 v[kQBatch];
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
+      v[j] = q0 + r < a.n_tokens ? load4(a.q + int64_t(q0 + r) * a.q_stride + int64_t(head) * D + c)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
+      store4(q_s + r * kRow + c, v[j]);
+    }
   }
   __syncthreads();
   // The warp's Q rows as A fragments, for all of D (ldmatrix: matrices rows 0-7 / 8-15 x
@@ -166,6 +203,12 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
   // This thread's two query rows (g and g + 8 of the warp's 16) and their positions.
   const int row0 = warp * 16 + g;
   const int pos[2] = {a.first_position + q0 + row0, a.first_position + q0 + row0 + 8};
+  const int first_row_position = a.first_position + q0;        // the block's first query
+  const int last_row_position = a.first_position + last_token;  // and its last
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = a.scale * kLog2e;
+  const float scale_over_cap = a.softcap > 0.0f ? a.scale / a.softcap : 0.0f;
+  const float cap_log2 = a.softcap * kLog2e;
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[D / 8][4];
@@ -178,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
     const __half* v_cur = v_s + (tile % kStages) * kTile;
     // The next tile goes into the other stage, consumed in the previous iteration.
     if (tile + 1 < n_tiles) {
-      load_tile<D, KV>(a, table, kv_head, kb + kKeys, key_end, k_s + ((tile + 1) % kStages) * kTile,
+      load_tile<D, KV>(a, table, block_shift, kv_head, kb + kKeys, key_end, k_s + ((tile + 1) % kStages) * kTile,
                        v_s + ((tile + 1) % kStages) * kTile);
       detail::cp_async_commit();
       detail::cp_async_wait<1>();
@@ -202,18 +245,27 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
         mma_f16(s[nb], qf[kk + 1], kf[2], kf[3]);
       }
 
-    // Scale, cap, mask; the running maximum and sum of each row (quads share rows).
+    // Scale (to log2 units), cap, mask; the running maximum and sum of each row (quads
+    // share rows). Tiles wholly below the diagonal and inside the window need no mask.
+    const bool masked = kb + kKeys - 1 > first_row_position ||
+                        (a.sliding_window > 0 && kb <= last_row_position - a.sliding_window);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nb = 0; nb < kKeys / 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, key = kb + nb * 8 + 2 * t + (e % 2);
-        float v = s[nb][e] * a.scale;
-        if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
-        const bool visible = key <= pos[r] && (a.sliding_window <= 0 || key > pos[r] - a.sliding_window);
-        s[nb][e] = visible ? v : -INFINITY;
-        tile_max[r] = fmaxf(tile_max[r], s[nb][e]);
+        float v;
+        if (a.softcap > 0.0f)
+          v = cap_log2 * tanhf(s[nb][e] * scale_over_cap);
+        else
+          v = s[nb][e] * scale_log2;
+        if (masked) {
+          const bool visible = key <= pos[r] && (a.sliding_window <= 0 || key > pos[r] - a.sliding_window);
+          v = visible ? v : -INFINITY;
+        }
+        s[nb][e] = v;
+        tile_max[r] = fmaxf(tile_max[r], v);
       }
     float rescale[2];
 #pragma unroll
@@ -222,14 +274,14 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
       const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
-      rescale[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - base);
+      rescale[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - base);
       m[r] = m_new;
       l[r] *= rescale[r];
 #pragma unroll
       for (int nb = 0; nb < kKeys / 8; ++nb)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[nb][e] = s[nb][e] == -INFINITY ? 0.0f : __expf(s[nb][e] - base);
+          s[nb][e] = exp2f(s[nb][e] - base);  // -inf gives 0
           l[r] += s[nb][e];
         }
     }
@@ -265,11 +317,11 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
     sum += __shfl_xor_sync(kFullMask, sum, 1);
     sum += __shfl_xor_sync(kFullMask, sum, 2);
     float factor = 1.0f;
-    if (a.sinks) {
-      const float sink = a.sinks[head];
+    if (a.sinks) {  // m is in log2 units
+      const float sink = a.sinks[head] * kLog2e;
       const float m_final = fmaxf(m[r], sink);
-      factor = m[r] == -INFINITY ? 0.0f : __expf(m[r] - m_final);
-      sum = sum * factor + __expf(sink - m_final);
+      factor = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_final);
+      sum = sum * factor + exp2f(sink - m_final);
     }
     const float inv = sum > 0.0f ? factor / sum : 0.0f;
     const int token = q0 + row0 + 8 * r;
