@@ -114,49 +114,62 @@ TEST_F(BackendOps, AttentionMatchesCpu) {
 
 // Prompt chunks of one sequence take the tensor-core prefill kernel (f16 products, so the
 // bound is f16 rounding: ~1e-3 of the values) outside exact mode: head sizes 64 and 128,
-// chunks that start at 0 and after earlier cached keys, partial tiles, GQA, soft-capping,
-// a window and sinks, against the CPU's f32 attention.
+// f32 and f16 caches, chunks that start at 0 and after earlier cached keys, partial tiles,
+// GQA, soft-capping, a window and sinks, against the CPU's f32 attention over the same
+// cache. Unwritten f16 slots hold NaN, so a kernel that reads past the chunk's keys fails.
 TEST_F(BackendOps, PrefillAttentionMatchesCpu) {
   CudaOptions fast_options;
   fast_options.graphs = false;
   CudaBackend fast(fast_options);  // not exact: prompt chunks use the tensor-core kernel
   using Case = std::tuple<int, int, int, float, int, bool>;  // d, T, first position, softcap, window, sinks
-  for (const auto& [d, T, first, cap, window, use_sinks] : std::initializer_list<Case>{
-           {128, 16, 0, 0.0f, 0, false}, {128, 200, 0, 0.0f, 0, false}, {64, 65, 37, 0.0f, 0, false},
-           {128, 130, 70, 30.0f, 50, true}, {64, 100, 0, 0.0f, 16, true}}) {
-    SCOPED_TRACE("d " + std::to_string(d) + " T " + std::to_string(T) + " first " + std::to_string(first));
-    const int n_head = 8, n_kv = 2, block = 16, n_rows = 2, seq_row = 1;
-    const int max_blocks = (first + T + block - 1) / block + 1;
-    std::vector<int32_t> tables(size_t(max_blocks * n_rows));
-    for (int r = 0; r < n_rows; ++r)  // scattered physical blocks
-      for (int b = 0; b < max_blocks; ++b) tables[size_t(r * max_blocks + b)] = (b * n_rows + r + 5) % (max_blocks * n_rows);
-    std::vector<int32_t> pos, seq, slots;
-    for (int t = 0; t < T; ++t) {
-      const int p = first + t;
-      pos.push_back(p), seq.push_back(seq_row);
-      slots.push_back(tables[size_t(seq_row * max_blocks + p / block)] * block + p % block);
+  for (const GgmlType cache_type : {GgmlType::F32, GgmlType::F16})
+    for (const auto& [d, T, first, cap, window, use_sinks] : std::initializer_list<Case>{
+             {128, 16, 0, 0.0f, 0, false}, {128, 200, 0, 0.0f, 0, false}, {64, 65, 37, 0.0f, 0, false},
+             {128, 130, 70, 30.0f, 50, true}, {64, 100, 0, 0.0f, 16, true}, {128, 333, 21, 0.0f, 0, false}}) {
+      SCOPED_TRACE(std::string(type_name(cache_type)) + " cache, d " + std::to_string(d) + " T " +
+                   std::to_string(T) + " first " + std::to_string(first));
+      const int n_head = 8, n_kv = 2, block = 16, n_rows = 2, seq_row = 1;
+      const int max_blocks = (first + T + block - 1) / block + 1;
+      std::vector<int32_t> tables(size_t(max_blocks * n_rows));
+      for (int r = 0; r < n_rows; ++r)  // scattered physical blocks
+        for (int b = 0; b < max_blocks; ++b)
+          tables[size_t(r * max_blocks + b)] = (b * n_rows + r + 5) % (max_blocks * n_rows);
+      auto slot_of = [&](int p) { return tables[size_t(seq_row * max_blocks + p / block)] * block + p % block; };
+      std::vector<int32_t> pos, seq, slots, earlier_slots;
+      for (int t = 0; t < T; ++t) pos.push_back(first + t), seq.push_back(seq_row), slots.push_back(slot_of(first + t));
+      for (int p = 0; p < first; ++p) earlier_slots.push_back(slot_of(p));
+      const int64_t n_slots = int64_t(max_blocks) * n_rows * block;
+      const int64_t width = int64_t(n_kv) * d;
+      Twin q = random({int64_t(n_head) * d, T}), k = random({width, T}), v = random({width, T});
+      Twin ck = cache_type == GgmlType::F32
+                    ? random({width, n_slots})
+                    : make(GgmlType::F16, {width, n_slots}, std::vector<uint16_t>(size_t(width * n_slots), 0x7e00));
+      Twin cv = cache_type == GgmlType::F32
+                    ? random({width, n_slots})
+                    : make(GgmlType::F16, {width, n_slots}, std::vector<uint16_t>(size_t(width * n_slots), 0x7e00));
+      KvLayer cache_cpu{ck.cpu, cv.cpu, block}, cache_gpu{ck.gpu, cv.gpu, block};
+      if (first > 0) {  // the keys of earlier chunks
+        Twin ek = random({width, first}), ev = random({width, first});
+        Twin es = make(GgmlType::I32, {first}, earlier_slots);
+        cpu_.kv_store(ek.cpu, ev.cpu, cache_cpu, es.cpu), gpu_->kv_store(ek.gpu, ev.gpu, cache_gpu, es.gpu);
+      }
+      Twin tp = make(GgmlType::I32, {T}, pos), ts = make(GgmlType::I32, {T}, seq), tsl = make(GgmlType::I32, {T}, slots);
+      Twin tb = make(GgmlType::I32, {max_blocks, n_rows}, tables);
+      Twin sk = random({n_head}), out = random({int64_t(n_head) * d, T});
+      cpu_.kv_store(k.cpu, v.cpu, cache_cpu, tsl.cpu), gpu_->kv_store(k.gpu, v.gpu, cache_gpu, tsl.gpu);
+      gpu_->synchronize();
+      AttentionParams p;
+      p.n_head = n_head, p.n_head_kv = n_kv, p.head_dim_k = d, p.head_dim_v = d;
+      p.scale = 1.0f / std::sqrt(float(d)), p.softcap = cap, p.sliding_window = window;
+      BatchIndex bc{tp.cpu, ts.cpu, tsl.cpu, tb.cpu, first + T - 1, true, first};
+      BatchIndex bg{tp.gpu, ts.gpu, tsl.gpu, tb.gpu, first + T - 1, true, first};
+      AttentionParams pc = p, pg = p;
+      if (use_sinks) pc.sinks = &sk.cpu, pg.sinks = &sk.gpu;
+      cpu_.attention(q.cpu, cache_cpu, bc, pc, out.cpu);
+      fast.attention(q.gpu, cache_gpu, bg, pg, out.gpu);
+      fast.synchronize();
+      EXPECT_TRUE(agree(out, 4e-3, 2e-3, "prefill attention"));
     }
-    const int64_t n_slots = int64_t(max_blocks) * n_rows * block;
-    Twin q = random({int64_t(n_head) * d, T}), k = random({int64_t(n_kv) * d, T}), v = random({int64_t(n_kv) * d, T});
-    Twin ck = random({int64_t(n_kv) * d, n_slots}), cv = random({int64_t(n_kv) * d, n_slots});  // earlier keys too
-    Twin tp = make(GgmlType::I32, {T}, pos), ts = make(GgmlType::I32, {T}, seq), tsl = make(GgmlType::I32, {T}, slots);
-    Twin tb = make(GgmlType::I32, {max_blocks, n_rows}, tables);
-    Twin sk = random({n_head}), out = random({int64_t(n_head) * d, T});
-    KvLayer cache_cpu{ck.cpu, cv.cpu, block}, cache_gpu{ck.gpu, cv.gpu, block};
-    cpu_.kv_store(k.cpu, v.cpu, cache_cpu, tsl.cpu), gpu_->kv_store(k.gpu, v.gpu, cache_gpu, tsl.gpu);
-    gpu_->synchronize();
-    AttentionParams p;
-    p.n_head = n_head, p.n_head_kv = n_kv, p.head_dim_k = d, p.head_dim_v = d;
-    p.scale = 1.0f / std::sqrt(float(d)), p.softcap = cap, p.sliding_window = window;
-    BatchIndex bc{tp.cpu, ts.cpu, tsl.cpu, tb.cpu, first + T - 1, true, first};
-    BatchIndex bg{tp.gpu, ts.gpu, tsl.gpu, tb.gpu, first + T - 1, true, first};
-    AttentionParams pc = p, pg = p;
-    if (use_sinks) pc.sinks = &sk.cpu, pg.sinks = &sk.gpu;
-    cpu_.attention(q.cpu, cache_cpu, bc, pc, out.cpu);
-    fast.attention(q.gpu, cache_gpu, bg, pg, out.gpu);
-    fast.synchronize();
-    EXPECT_TRUE(agree(out, 4e-3, 2e-3, "prefill attention"));
-  }
 }
 
 TEST_F(BackendOps, MoeRouteAndFfnMatchCpu) {

@@ -115,5 +115,102 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.n) + "_k" + std::to_string(info.param.k);
     });
 
+// Several parts over one X (gemm_parts): q/k/v-like widths on three lanes (side streams with
+// their own handles), against the same double-precision reference as a single product;
+// and on one lane (the caller's stream only). Two rounds: the first times the algorithms
+// of new shapes and runs the parts one after the other, the second runs them side by side.
+struct PartsCase {
+  GgmlType type;
+  int64_t t, k;
+  int lanes;
+};
+
+class GemmPartsTest : public ::testing::TestWithParam<PartsCase> {};
+
+TEST_P(GemmPartsTest, EachPartMatchesReference) {
+  KILN_REQUIRE_GPU();
+  const PartsCase c = GetParam();
+  SCOPED_TRACE(std::string(type_name(c.type)) + " t " + std::to_string(c.t) + " k " + std::to_string(c.k) +
+               " lanes " + std::to_string(c.lanes));
+  std::mt19937_64 rng(900 + uint64_t(c.type) * 7 + uint64_t(c.lanes));
+  const TypeTraits& tr = traits(c.type);
+  const int64_t w_stride = c.k / tr.block_size * tr.type_size, x_stride = c.k + 4;
+  const int64_t widths[3] = {131, 64, 35};
+  const std::vector<float> x = random_floats(rng, size_t(c.t * x_stride), -1.0f, 1.0f);
+  const DeviceBuffer x_d = to_device(x);
+  std::vector<std::vector<uint8_t>> w(3);
+  std::vector<DeviceBuffer> w_d, y_d;
+  std::vector<GemmPart> parts;
+  for (int i = 0; i < 3; ++i) {
+    w[size_t(i)] = random_rows(rng, c.type, widths[i], c.k, w_stride);
+    w_d.push_back(to_device(w[size_t(i)]));
+    y_d.emplace_back(size_t(c.t * (widths[i] + 5)) * 4);
+    y_d.back().poison();
+  }
+  for (int i = 0; i < 3; ++i) parts.push_back({w_d[size_t(i)].as(), widths[i], y_d[size_t(i)].as<float>(), widths[i] + 5});
+
+  GemmLanes lanes;
+  lanes.count = c.lanes;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&lanes.stream[0], cudaStreamNonBlocking));
+  ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&lanes.fork, cudaEventDisableTiming));
+  for (int i = 0; i < c.lanes; ++i) {
+    if (i > 0) ASSERT_EQ(cudaSuccess, cudaStreamCreateWithFlags(&lanes.stream[i], cudaStreamNonBlocking));
+    ASSERT_EQ(cudaSuccess, cudaEventCreateWithFlags(&lanes.join[i], cudaEventDisableTiming));
+    ASSERT_EQ(CUBLAS_STATUS_SUCCESS, cublasCreate(&lanes.blas[i]));
+  }
+  GemmPartsArgs a;
+  a.type = c.type, a.w_row_bytes = w_stride, a.k = c.k, a.x = x_d.as<float>(), a.x_stride = x_stride, a.t = c.t;
+  a.parts = parts;
+  DeviceBuffer scratch(gemm_parts_scratch_bytes(a));
+  scratch.poison();
+  std::vector<float> wrow(size_t(c.k));
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    for (const DeviceBuffer& y : y_d) y.poison();
+    KILN_STATUS_OK(gemm_parts(a, lanes, scratch.as(), scratch.bytes()));
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(lanes.stream[0]));  // lane 0 has joined the others
+    for (int i = 0; i < 3; ++i) {
+      const int64_t n = widths[i], y_stride = n + 5;
+      const std::vector<float> y_all = to_host<float>(y_d[size_t(i)], size_t(c.t * y_stride));
+      std::vector<float> got;
+      std::vector<double> ref, tol;
+      std::vector<std::vector<float>> wdeq(static_cast<size_t>(n));
+      for (int64_t r = 0; r < n; ++r) {
+        dequantize_row_reference(c.type, w[size_t(i)].data() + r * w_stride, wrow.data(), c.k);
+        wdeq[size_t(r)] = wrow;
+      }
+      for (int64_t j = 0; j < c.t; ++j)
+        for (int64_t r = 0; r < n; ++r) {
+          double same = 0, mag = 0;
+          for (int64_t kk = 0; kk < c.k; ++kk) {
+            const float xv = x[size_t(j * x_stride + kk)], wv = wdeq[size_t(r)][size_t(kk)];
+            mag += std::fabs(double(xv) * wv);
+            same += double(round_as(c.type, xv)) * round_as(c.type, wv);
+          }
+          got.push_back(y_all[size_t(j * y_stride + r)]);
+          ref.push_back(same);
+          tol.push_back(1e-4 * mag + 1e-30);
+        }
+      EXPECT_TRUE(all_close(got, ref, tol, "part " + std::to_string(i) + " vs reference from the same rounded inputs"));
+    }
+  }
+  for (int i = 0; i < c.lanes; ++i) {
+    cublasDestroy(lanes.blas[i]);
+    cudaEventDestroy(lanes.join[i]);
+    cudaStreamDestroy(lanes.stream[i]);
+  }
+  cudaEventDestroy(lanes.fork);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, GemmPartsTest,
+    ::testing::Values(PartsCase{GgmlType::F16, 37, 512, 3}, PartsCase{GgmlType::BF16, 64, 256, 3},
+                      PartsCase{GgmlType::Q4_0, 37, 512, 3}, PartsCase{GgmlType::Q8_0, 100, 256, 3},
+                      PartsCase{GgmlType::Q4_K, 17, 512, 2}, PartsCase{GgmlType::Q6_K, 37, 256, 1}),
+    [](const ::testing::TestParamInfo<PartsCase>& info) {
+      return std::string(type_name(info.param.type)) + "_t" + std::to_string(info.param.t) + "_k" +
+             std::to_string(info.param.k) + "_lanes" + std::to_string(info.param.lanes);
+    });
+
 }  // namespace
 }  // namespace kiln::cuda

@@ -102,6 +102,11 @@ class CudaBackend final : public Backend {
   // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp); with
   // `residual`, the one part's output is also added to it.
   void record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts, Tensor* residual);
+  // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false
+  // where it does not apply (the caller then runs the parts one by one).
+  bool matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts);
+  struct PrefillLanes;
+  std::shared_ptr<PrefillLanes> prefill_lanes_;
   void add_bias(const Tensor& bias, Tensor& out);
   // MoE (cuda_backend_moe.cpp): every expert on every token, for expert types the routed
   // kernels refuse (gate and up of different types).

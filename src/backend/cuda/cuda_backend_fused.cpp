@@ -3,8 +3,9 @@
 //   - rmsnorm_matmul_parts: the same with the input's RMS norm computed inside the launch
 //     (every block normalizes and quantizes x itself; no norm kernel runs before);
 //   - matmul_add: a product whose epilogue also adds it to the residual stream.
-// Anything the grouped kernel does not take (prefill, exact mode, weight types other than
-// q4_0 / q8_0 / q4_K, mixed types or widths) runs as the composed ops of backend.h.
+// Anything the grouped kernel does not take (exact mode, weight types other than q4_0 /
+// q8_0 / q4_K, mixed types or widths) runs as the composed ops of backend.h; prefill
+// batches of matmul_parts go to cuda_backend_prefill.cpp.
 #include <array>
 #include <optional>
 
@@ -102,6 +103,7 @@ void hash_parts(cuda::SignatureHash& h, std::span<const Backend::MatmulPart> par
 
 void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
   using namespace cuda_fused;
+  if (x.ne[1] > kMaxTokens && matmul_parts_prefill(x, parts)) return;
   const std::optional<GgmlType> type = grouped_type(options_, x, parts);
   if (!type) return Backend::matmul_parts(x, parts);
   record_grouped(x, *type, parts, nullptr);

@@ -3,6 +3,7 @@
 
 #include "backend/cuda/dequant.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm_lt.h"
 
 namespace kiln::cuda {
 namespace {
@@ -17,18 +18,53 @@ Status blas_status(cublasStatus_t s, const char* what) {
   return Status::from_cuda(cudaErrorUnknown, std::string("gemm: ") + what + " failed: " + cublasGetStatusString(s));
 }
 
-// X (f32) -> the half type of the product, packed rows of k.
-size_t x_copy_bytes(const GemmArgs& a) { return a.type == GgmlType::F32 ? 0 : align_up(size_t(a.t) * a.k * 2); }
+// Products of more rows than a decode batch take the timed cuBLASLt algorithms (gemm_lt.h).
+constexpr int64_t kMinTunedTokens = 9;
 
-Status product(const GemmArgs& a, cublasHandle_t blas, cudaDataType_t type, const void* w, int64_t ldw,
-               int64_t rows, const void* x, int64_t ldx, float* y) {
+// X (f32) -> the half type of the product, packed rows of k; then the cuBLASLt workspace.
+size_t x_half_bytes(const GemmArgs& a) { return align_up(size_t(a.t) * a.k * 2); }
+size_t x_copy_bytes(const GemmArgs& a) { return a.type == GgmlType::F32 ? 0 : x_half_bytes(a) + kLtWorkspaceBytes; }
+
+// A workspace (null for f32 products) lets half products of prefill size take cuBLASLt.
+Status product(cublasHandle_t blas, cudaDataType_t type, int64_t t, int64_t k, const void* w, int64_t ldw,
+               int64_t rows, const void* x, int64_t ldx, float* y, int64_t ldy, void* workspace = nullptr,
+               cudaStream_t stream = nullptr) {
+  if (workspace && t >= kMinTunedTokens && type != CUDA_R_32F) {
+    LtProduct p;
+    p.type = type, p.rows = rows, p.t = t, p.k = k, p.w = w, p.ldw = ldw, p.x = x, p.ldx = ldx, p.y = y, p.ldy = ldy;
+    Status status;
+    if (lt_product(p, workspace, kLtWorkspaceBytes, stream, &status)) return status;
+  }
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major Y[t][rows] = X W^T is column-major Y^T (rows x t) = W (rows x k, stored
   // column-major as k x rows, hence op T) times X^T (k x t).
-  return blas_status(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(a.t), int(a.k), &alpha, w, type,
-                                  int(ldw), x, type, int(ldx), &beta, y, CUDA_R_32F, int(a.y_stride),
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  return blas_status(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(t), int(k), &alpha, w, type,
+                                  int(ldw), x, type, int(ldx), &beta, y, CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
+}
+Status product(const GemmArgs& a, cublasHandle_t blas, cudaDataType_t type, const void* w, int64_t ldw,
+               int64_t rows, const void* x, int64_t ldx, float* y, void* workspace = nullptr,
+               cudaStream_t stream = nullptr) {
+  return product(blas, type, a.t, a.k, w, ldw, rows, x, ldx, y, a.y_stride, workspace, stream);
+}
+
+// X (f32 rows) rounded into packed rows of the half type.
+Status round_x(const float* x, int64_t x_stride, int64_t t, int64_t k, OutType half, void* dst, cudaStream_t stream) {
+  DequantArgs xc;
+  xc.type = GgmlType::F32;
+  xc.src = x;
+  xc.src_row_bytes = x_stride * 4;
+  xc.rows = t;
+  xc.cols = k;
+  xc.dst = dst;
+  xc.dst_stride = k;
+  xc.out = half;
+  return dequantize_rows(xc, stream);
+}
+
+Status cuda_status(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? Status() : Status::from_cuda(e, std::string("gemm_parts: ") + what);
 }
 
 }  // namespace
@@ -74,19 +110,11 @@ Status gemm(const GemmArgs& a, cublasHandle_t blas, void* scratch, size_t scratc
   const OutType half = a.type == GgmlType::F16 ? OutType::F16 : OutType::BF16;
   const cudaDataType_t half_type = a.type == GgmlType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   void* x_half = scratch;
-  DequantArgs xc;
-  xc.type = GgmlType::F32;
-  xc.src = a.x;
-  xc.src_row_bytes = a.x_stride * 4;
-  xc.rows = a.t;
-  xc.cols = a.k;
-  xc.dst = x_half;
-  xc.dst_stride = a.k;
-  xc.out = half;
-  if (Status s = dequantize_rows(xc, stream); !s.ok()) return s;
+  void* workspace = static_cast<uint8_t*>(scratch) + x_half_bytes(a);
+  if (Status s = round_x(a.x, a.x_stride, a.t, a.k, half, x_half, stream); !s.ok()) return s;
 
   if (!is_quantized(a.type))
-    return product(a, blas, half_type, a.w, a.w_row_bytes / 2, a.n, x_half, a.k, a.y);
+    return product(a, blas, half_type, a.w, a.w_row_bytes / 2, a.n, x_half, a.k, a.y, workspace, stream);
 
   // Quantized: slabs of rows (multiples of 64) dequantized to bf16, one product each.
   void* w_half = static_cast<uint8_t*>(scratch) + x_bytes;
@@ -105,7 +133,113 @@ Status gemm(const GemmArgs& a, cublasHandle_t blas, void* scratch, size_t scratc
     wd.dst_stride = a.k;
     wd.out = OutType::BF16;
     if (Status s = dequantize_rows(wd, stream); !s.ok()) return s;
-    if (Status s = product(a, blas, CUDA_R_16BF, w_half, a.k, rows, x_half, a.k, a.y + n0); !s.ok()) return s;
+    if (Status s = product(a, blas, CUDA_R_16BF, w_half, a.k, rows, x_half, a.k, a.y + n0, workspace, stream);
+        !s.ok())
+      return s;
+  }
+  return Status();
+}
+
+size_t gemm_parts_scratch_bytes(const GemmPartsArgs& a) {
+  if (a.k <= 0 || a.t <= 0) return 0;
+  size_t bytes = align_up(size_t(a.t) * a.k * 2) + kMaxGemmLanes * kLtWorkspaceBytes;
+  if (is_quantized(a.type))
+    for (const GemmPart& p : a.parts) bytes += align_up(size_t(p.n) * a.k * 2);
+  return bytes;
+}
+
+Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch, size_t scratch_bytes) {
+  if (a.type == GgmlType::F32 || !gemm_supports(a.type))
+    return Status::invalid("gemm_parts: weight type " + std::string(type_name(a.type)) +
+                           " is not supported (f16, bf16 and the types dequantize_rows takes; f32 goes to gemm())");
+  if (a.parts.empty() || lanes.count < 1 || lanes.count > kMaxGemmLanes || !lanes.blas[0] ||
+      (lanes.count > 1 && !lanes.fork))
+    return Status::invalid("gemm_parts: no parts, or lanes without streams, handles or events");
+  // Each part's shape, strides and pointers as gemm() checks them.
+  for (const GemmPart& p : a.parts) {
+    const TypeTraits& tr = traits(a.type);
+    if (p.n <= 0 || a.k <= 0 || a.t <= 0 || a.k % tr.block_size != 0 || p.n > 0x7fffffff || a.k > 0x7fffffff ||
+        a.t > 0x7fffffff || !p.w || !p.y || !a.x || a.x_stride < a.k || p.y_stride < p.n ||
+        a.w_row_bytes < a.k / tr.block_size * int64_t(tr.type_size) ||
+        (!is_quantized(a.type) && a.w_row_bytes % tr.type_size != 0))
+      return Status::invalid("gemm_parts: part of " + std::to_string(p.n) + " rows (k " + std::to_string(a.k) +
+                             ", t " + std::to_string(a.t) + ") has a bad shape, stride or pointer");
+  }
+  const size_t need = gemm_parts_scratch_bytes(a);
+  if (!scratch || scratch_bytes < need || reinterpret_cast<uintptr_t>(scratch) % kAlign != 0)
+    return Status::invalid("gemm_parts: needs " + std::to_string(need) +
+                           " bytes of 256-byte aligned scratch (gemm_parts_scratch_bytes), got " +
+                           std::to_string(scratch_bytes));
+
+  cudaStream_t main = lanes.stream[0];
+  const bool quantized = is_quantized(a.type);
+  const OutType half = a.type == GgmlType::F16 ? OutType::F16 : OutType::BF16;
+  const cudaDataType_t half_type = a.type == GgmlType::F16 ? CUDA_R_16F : CUDA_R_16BF;
+  void* x_half = scratch;
+  if (Status s = round_x(a.x, a.x_stride, a.t, a.k, half, x_half, main); !s.ok()) return s;
+
+  // Every part's weights as bf16 rows in one slab (quantized), or where they are.
+  const size_t n_parts = a.parts.size();
+  const void* w_of[16];
+  int64_t ldw = a.w_row_bytes / 2;
+  if (n_parts > 16) return Status::invalid("gemm_parts: at most 16 parts");
+  uint8_t* workspaces = static_cast<uint8_t*>(scratch) + align_up(size_t(a.t) * a.k * 2);  // one per lane
+  uint8_t* slab = workspaces + kMaxGemmLanes * kLtWorkspaceBytes;
+  for (size_t i = 0; i < n_parts; ++i) {
+    const GemmPart& p = a.parts[i];
+    if (!quantized) {
+      w_of[i] = p.w;
+      continue;
+    }
+    DequantArgs wd;
+    wd.type = a.type;
+    wd.src = p.w;
+    wd.src_row_bytes = a.w_row_bytes;
+    wd.rows = p.n;
+    wd.cols = a.k;
+    wd.dst = slab;
+    wd.dst_stride = a.k;
+    wd.out = OutType::BF16;
+    if (Status s = dequantize_rows(wd, main); !s.ok()) return s;
+    w_of[i] = slab;
+    slab += align_up(size_t(p.n) * a.k * 2);
+  }
+  if (quantized) ldw = a.k;
+
+  // Side by side only once every part's algorithm is chosen: timing wants the GPU alone.
+  bool all_planned = true;
+  for (size_t i = 0; i < n_parts; ++i) {
+    LtProduct p;
+    p.type = half_type, p.rows = a.parts[i].n, p.t = a.t, p.k = a.k, p.w = w_of[i], p.ldw = ldw;
+    p.x = x_half, p.ldx = a.k, p.y = a.parts[i].y, p.ldy = a.parts[i].y_stride;
+    all_planned = all_planned && (a.t < kMinTunedTokens || lt_planned(p));
+  }
+  const int lanes_used = all_planned ? int(n_parts < size_t(lanes.count) ? n_parts : size_t(lanes.count)) : 1;
+  if (lanes_used > 1)
+    if (Status s = cuda_status(cudaEventRecord(lanes.fork, main), "cudaEventRecord (fork)"); !s.ok()) return s;
+  for (int lane = 1; lane < lanes_used; ++lane)
+    if (Status s = cuda_status(cudaStreamWaitEvent(lanes.stream[lane], lanes.fork, 0), "cudaStreamWaitEvent");
+        !s.ok())
+      return s;
+  for (size_t i = 0; i < n_parts; ++i) {
+    const int lane = int(i % size_t(lanes_used));
+    cublasHandle_t blas = lanes.blas[lane];
+    if (Status s = blas_status(cublasSetStream(blas, lane == 0 ? main : lanes.stream[lane]), "cublasSetStream");
+        !s.ok())
+      return s;
+    const GemmPart& p = a.parts[i];
+    cudaStream_t stream = lane == 0 ? main : lanes.stream[lane];
+    if (Status s = product(blas, half_type, a.t, a.k, w_of[i], ldw, p.n, x_half, a.k, p.y, p.y_stride,
+                           workspaces + size_t(lane) * kLtWorkspaceBytes, stream);
+        !s.ok())
+      return s;
+  }
+  for (int lane = 1; lane < lanes_used; ++lane) {
+    if (Status s = cuda_status(cudaEventRecord(lanes.join[lane], lanes.stream[lane]), "cudaEventRecord (join)");
+        !s.ok())
+      return s;
+    if (Status s = cuda_status(cudaStreamWaitEvent(main, lanes.join[lane], 0), "cudaStreamWaitEvent (join)"); !s.ok())
+      return s;
   }
   return Status();
 }

@@ -3,8 +3,10 @@
 //
 //   Y[t][n] = sum_k X[t][k] * W[n][k]        X f32 [T, K], W [N, K] of any supported type
 //
-// f16 / bf16 weights: X is rounded to the weights' type, then one cublasGemmEx with f32
-// accumulation and f32 output. f32 weights: a plain f32 cuBLAS product (no TF32).
+// f16 / bf16 weights: X is rounded to the weights' type, then one product with f32
+// accumulation and f32 output: above 8 rows through cuBLASLt with a timed algorithm choice
+// (gemm_lt.h; the scratch holds its workspace), else cublasGemmEx. f32 weights: a plain f32
+// cuBLAS product (no TF32).
 // Quantized weights (v1): W is dequantized to bf16 in slabs of rows into the scratch buffer,
 // then each slab is one bf16 GEMM. This reads the quantized weight once and writes and
 // reads a bf16 copy of it (2 bytes per weight) per call: at T = 512 that costs about half
@@ -18,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "backend/cuda/status.h"
 #include "quant/types.h"
@@ -38,12 +41,56 @@ struct GemmArgs {
 
 bool gemm_supports(GgmlType type);
 
-// Scratch bytes gemm() needs: the rounded copy of X and, for quantized weights, one slab of
-// `slab_rows` bf16 weight rows (0: the whole matrix in one slab).
+// Scratch bytes gemm() needs: the rounded copy of X, the cuBLASLt workspace and, for
+// quantized weights, one slab of `slab_rows` bf16 weight rows (0: the whole matrix in one slab).
 size_t gemm_scratch_bytes(const GemmArgs& args, int64_t slab_rows = 0);
 
 // `blas` is the caller's handle (cublasCreate is slow: make one per stream and keep it);
 // gemm() binds it to `stream`. Quantized weights go in slabs of as many rows as fit.
 Status gemm(const GemmArgs& args, cublasHandle_t blas, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+// Several weights of one type and width over the same X (q/k/v, gate/up):
+//
+//   Y_i[t][n] = sum_k X[t][k] * W_i[n][k]
+//
+// X is rounded to the half type once for all parts, quantized weights are dequantized into
+// one slab holding every part's rows, and the products run on the lanes' streams (side by
+// side when there are several lanes; measured slower than one lane on an H200, see
+// cuda_backend_prefill.cpp). Same rounding as gemm(). Products of more than 8 rows take
+// the timed cuBLASLt algorithms (gemm_lt.h), each lane with its own workspace.
+struct GemmPart {
+  const void* w = nullptr;  // n rows, row i at (uint8_t*)w + i * w_row_bytes
+  int64_t n = 0;
+  float* y = nullptr;       // t rows of n, row j at y + j * y_stride
+  int64_t y_stride = 0;
+};
+
+struct GemmPartsArgs {
+  GgmlType type = GgmlType::BF16;  // not f32 (those take gemm())
+  int64_t w_row_bytes = 0, k = 0;
+  const float* x = nullptr;
+  int64_t x_stride = 0, t = 0;
+  std::span<const GemmPart> parts;
+};
+
+inline constexpr int kMaxGemmLanes = 4;
+
+// Streams for the parts: lane 0 is the caller's stream and handle; parts 1.. go to lanes
+// 1.. (part i to lane i % count), which wait for `fork` (recorded on lane 0 once X and the
+// slab are ready) and signal their `join` event, which lane 0 waits for before returning.
+// Each lane's handle has its own workspace. count = 1: everything on the caller's stream.
+struct GemmLanes {
+  int count = 1;
+  cudaStream_t stream[kMaxGemmLanes] = {};
+  cublasHandle_t blas[kMaxGemmLanes] = {};
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join[kMaxGemmLanes] = {};
+};
+
+// Scratch bytes gemm_parts() needs: X's half copy, a cuBLASLt workspace per lane and, for
+// quantized weights, all parts' rows in bf16.
+size_t gemm_parts_scratch_bytes(const GemmPartsArgs& args);
+
+Status gemm_parts(const GemmPartsArgs& args, const GemmLanes& lanes, void* scratch, size_t scratch_bytes);
 
 }  // namespace kiln::cuda

@@ -6,8 +6,13 @@
 // accumulators of two neighbouring 8-key pieces are, once rounded to f16, exactly the
 // A fragment of P for the 16 keys they cover — so P never leaves registers.
 //
-// Shared memory holds Q (once), and the current K and V tiles, as f16 rows padded by 8
-// elements: rows then start 4 banks apart, and the fragment loads are conflict-free.
+// Shared memory holds Q (once) and two stages of K and V tiles, as f16 rows padded by 8
+// elements: rows then start 4 banks apart, and the 8-row ldmatrix loads are conflict-free.
+// v6: the next tile's K and V are copied (cp.async, f16 cache) while the current one is
+// multiplied; Q stays in registers; K and V fragments come from ldmatrix (V transposed).
+// v6b: heavy and light query blocks paired on a multiprocessor (see block_order), masks only
+// on the tiles that cross the diagonal or a window edge, exp2 with log2(e) folded into the
+// scale, cache slots by shift and mask when the block size is a power of two.
 #include "backend/cuda/prefill_attention.h"
 
 #include <cuda_fp16.h>
@@ -27,39 +32,119 @@ constexpr int kKeys = 64;       // keys per tile
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kPad = 8;
+constexpr int kStages = 2;
 
 template <int D>
 constexpr size_t shared_bytes() {
-  return size_t(kQueryRows + 2 * kKeys) * (D + kPad) * sizeof(__half);
+  return size_t(kQueryRows + 2 * kStages * kKeys) * (D + kPad) * sizeof(__half);
 }
 
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// Four 8 x 8 f16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(row)));
+}
+
+// 16 bytes global -> shared, or 16 zero bytes when `valid` is false (src is then not read).
+__device__ __forceinline__ void cp_async_16_or_zero(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
 }
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
-__device__ __forceinline__ uint32_t pack_halves(__half lo, __half hi) {
-  return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
-}
-__device__ __forceinline__ uint32_t word_at(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// Four consecutive elements of a row of `T` as f16 into shared memory.
+// Four consecutive elements as f16 into shared memory.
 __device__ __forceinline__ void store4(__half* dst, float4 v) {
   *reinterpret_cast<uint2*>(dst) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
 }
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 load4(const __half* p) {
-  const uint2 w = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&w.x));
-  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&w.y));
-  return make_float4(a.x, a.y, b.x, b.y);
+
+// One K and one V tile (keys kb.., rows past key_end zero) into a stage. An f16 cache is
+// copied asynchronously in 16-byte pieces (the caller commits and waits); an f32 cache is
+// read through registers, eight loads in flight before they are converted.
+// The cache slot of `key`: its block from the sequence's table, then the offset in it
+// (block_shift >= 0: the block size is 1 << block_shift).
+__device__ __forceinline__ int64_t slot_of(const PrefillAttentionArgs& a, const int32_t* table, int block_shift,
+                                           int key) {
+  if (block_shift >= 0)
+    return (int64_t(table[key >> block_shift]) << block_shift) + (key & ((1 << block_shift) - 1));
+  return int64_t(table[key / a.block_size]) * a.block_size + key % a.block_size;
+}
+
+template <int D, typename KV>
+__device__ __forceinline__ void load_tile(const PrefillAttentionArgs& a, const int32_t* table, int block_shift,
+                                          int kv_head, int kb, int key_end, __half* k_dst, __half* v_dst) {
+  constexpr int kRow = D + kPad;
+  constexpr int kWidth = 16 / int(sizeof(KV));  // elements per 16-byte piece
+  constexpr int kPieces = D / kWidth;           // pieces per row
+  constexpr int kPerThread = kKeys * kPieces / kThreads;
+  constexpr int kBatch = sizeof(KV) == 2 ? kPerThread : 4;
+  static_assert(kPerThread % kBatch == 0, "whole batches of pieces per thread");
+  const KV* k_cache = static_cast<const KV*>(a.k_cache);
+  const KV* v_cache = static_cast<const KV*>(a.v_cache);
+#pragma unroll
+  for (int j0 = 0; j0 < kPerThread; j0 += kBatch) {
+    float4 kv[kBatch], vv[kBatch];
+#pragma unroll
+    for (int j = j0; j < j0 + kBatch; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      const int r = i / kPieces, c = (i % kPieces) * kWidth, key = kb + r;
+      const bool valid = key < key_end;
+      const int64_t slot = valid ? slot_of(a, table, block_shift, key) : 0;
+      const KV* k_src = k_cache + (valid ? slot * a.k_slot_stride + int64_t(kv_head) * D + c : 0);
+      const KV* v_src = v_cache + (valid ? slot * a.v_slot_stride + int64_t(kv_head) * D + c : 0);
+      if constexpr (sizeof(KV) == 2) {
+        cp_async_16_or_zero(k_dst + r * kRow + c, k_src, valid);
+        cp_async_16_or_zero(v_dst + r * kRow + c, v_src, valid);
+      } else {
+        kv[j - j0] = valid ? load4(k_src) : make_float4(0.f, 0.f, 0.f, 0.f);
+        vv[j - j0] = valid ? load4(v_src) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    if constexpr (sizeof(KV) == 4) {
+#pragma unroll
+      for (int j = j0; j < j0 + kBatch; ++j) {
+        const int i = threadIdx.x + j * kThreads;
+        const int at = (i / kPieces) * kRow + (i % kPieces) * kWidth;
+        store4(k_dst + at, kv[j - j0]);
+        store4(v_dst + at, vv[j - j0]);
+      }
+    }
+  }
+}
+
+// Query block of the launch's linear block id. The blocks walk 1..n tiles (causal), and two
+// share a multiprocessor: blocks go out in linear order, the first half the heavy query
+// blocks (heaviest first), the second half the light ones (lightest first), so that the
+// second block an SM receives is about as light as its first was heavy.
+__device__ __forceinline__ int block_order(int* head) {
+  const int n_blocks = gridDim.x, n_heads = gridDim.y;
+  const int linear = blockIdx.x + blockIdx.y * n_blocks;
+  const int rank = linear / n_heads;
+  *head = linear % n_heads;
+  const int heavy = n_blocks - n_blocks / 2;
+  return rank < heavy ? n_blocks - 1 - rank : rank - heavy;
 }
 
 template <int D, typename KV>
@@ -67,81 +152,120 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
   extern __shared__ __align__(16) __half smem[];
   constexpr int kRow = D + kPad;
   __half* q_s = smem;
-  __half* k_s = q_s + kQueryRows * kRow;
-  __half* v_s = k_s + kKeys * kRow;
+  __half* k_s = q_s + kQueryRows * kRow;            // kStages tiles
+  __half* v_s = k_s + kStages * kKeys * kRow;       // kStages tiles
+  constexpr int kTile = kKeys * kRow;
 
-  const int q0 = blockIdx.x * kQueryRows, head = blockIdx.y;
+  int head = 0;
+  const int q0 = block_order(&head) * kQueryRows;
+  const int block_shift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
   const int kv_head = head / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int32_t* table = a.block_tables + int64_t(a.seq_rows[0]) * a.block_table_stride;
-  const KV* k_cache = static_cast<const KV*>(a.k_cache);
-  const KV* v_cache = static_cast<const KV*>(a.v_cache);
-
-  for (int i = threadIdx.x; i < kQueryRows * D / 4; i += kThreads) {
-    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-    const float4 v = q0 + r < a.n_tokens ? load4(a.q + int64_t(q0 + r) * a.q_stride + int64_t(head) * D + c)
-                                         : make_float4(0.f, 0.f, 0.f, 0.f);
-    store4(q_s + r * kRow + c, v);
-  }
 
   const int last_token = min(q0 + kQueryRows, a.n_tokens) - 1;
   const int key_end = a.first_position + last_token + 1;  // keys [.., key_end) are needed
   int key_begin = a.sliding_window > 0 ? max(0, a.first_position + q0 - a.sliding_window + 1) : 0;
   key_begin = key_begin / kKeys * kKeys;
+  const int n_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
+
+  // The first tile's copy runs while Q is converted.
+  load_tile<D, KV>(a, table, block_shift, kv_head, key_begin, key_end, k_s, v_s);
+  detail::cp_async_commit();
+
+  constexpr int kQLoads = kQueryRows * D / 4 / kThreads;  // float4 per thread
+  constexpr int kQBatch = 8;
+  static_assert(kQLoads % kQBatch == 0, "whole batches of Q loads");
+#pragma unroll
+  for (int j0 = 0; j0 < kQLoads; j0 += kQBatch) {
+    float4 v[kQBatch];
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
+      v[j] = q0 + r < a.n_tokens ? load4(a.q + int64_t(q0 + r) * a.q_stride + int64_t(head) * D + c)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
+      store4(q_s + r * kRow + c, v[j]);
+    }
+  }
+  __syncthreads();
+  // The warp's Q rows as A fragments, for all of D (ldmatrix: matrices rows 0-7 / 8-15 x
+  // columns kk / kk + 8).
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ldmatrix_x4(qf[kk], q_s + (warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kRow + kk * 16 + (lane / 16) * 8);
+
   // This thread's two query rows (g and g + 8 of the warp's 16) and their positions.
   const int row0 = warp * 16 + g;
   const int pos[2] = {a.first_position + q0 + row0, a.first_position + q0 + row0 + 8};
+  const int first_row_position = a.first_position + q0;        // the block's first query
+  const int last_row_position = a.first_position + last_token;  // and its last
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = a.scale * kLog2e;
+  const float scale_over_cap = a.softcap > 0.0f ? a.scale / a.softcap : 0.0f;
+  const float cap_log2 = a.softcap * kLog2e;
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[D / 8][4];
 #pragma unroll
   for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
 
-  for (int kb = key_begin; kb < key_end; kb += kKeys) {
-    __syncthreads();  // the previous tiles are consumed (and Q is stored, the first time)
-    for (int i = threadIdx.x; i < kKeys * D / 4; i += kThreads) {
-      const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-      const int key = kb + r;
-      float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-      if (key < key_end) {
-        const int64_t slot = int64_t(table[key / a.block_size]) * a.block_size + key % a.block_size;
-        kv = load4(k_cache + slot * a.k_slot_stride + int64_t(kv_head) * D + c);
-        vv = load4(v_cache + slot * a.v_slot_stride + int64_t(kv_head) * D + c);
-      }
-      store4(k_s + r * kRow + c, kv);
-      store4(v_s + r * kRow + c, vv);
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int kb = key_begin + tile * kKeys;
+    const __half* k_cur = k_s + (tile % kStages) * kTile;
+    const __half* v_cur = v_s + (tile % kStages) * kTile;
+    // The next tile goes into the other stage, consumed in the previous iteration.
+    if (tile + 1 < n_tiles) {
+      load_tile<D, KV>(a, table, block_shift, kv_head, kb + kKeys, key_end, k_s + ((tile + 1) % kStages) * kTile,
+                       v_s + ((tile + 1) % kStages) * kTile);
+      detail::cp_async_commit();
+      detail::cp_async_wait<1>();
+    } else {
+      detail::cp_async_wait<0>();
     }
-    __syncthreads();
+    __syncthreads();  // this tile is in shared memory for every thread
 
-    // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys.
+    // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys. K rows are Kᵀ's columns, so
+    // plain ldmatrix gives B fragments: matrices of keys nb*8.. x dims kk*16 + 0/8/16/24.
     float s[kKeys / 8][4];
 #pragma unroll
     for (int nb = 0; nb < kKeys / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D; kk += 16) {
-      const __half* qa = q_s + row0 * kRow + kk + 2 * t;
-      const uint32_t af[4] = {word_at(qa), word_at(qa + 8 * kRow), word_at(qa + 8), word_at(qa + 8 * kRow + 8)};
+    for (int nb = 0; nb < kKeys / 8; ++nb)
 #pragma unroll
-      for (int nb = 0; nb < kKeys / 8; ++nb) {
-        const __half* kp = k_s + (nb * 8 + g) * kRow + kk + 2 * t;
-        const uint32_t bf[2] = {word_at(kp), word_at(kp + 8)};
-        mma_f16(s[nb], af, bf);
+      for (int kk = 0; kk < D / 16; kk += 2) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, k_cur + (nb * 8 + lane % 8) * kRow + kk * 16 + (lane / 8) * 8);
+        mma_f16(s[nb], qf[kk], kf[0], kf[1]);
+        mma_f16(s[nb], qf[kk + 1], kf[2], kf[3]);
       }
-    }
 
-    // Scale, cap, mask; the running maximum and sum of each row (quads share rows).
+    // Scale (to log2 units), cap, mask; the running maximum and sum of each row (quads
+    // share rows). Tiles wholly below the diagonal and inside the window need no mask.
+    const bool masked = kb + kKeys - 1 > first_row_position ||
+                        (a.sliding_window > 0 && kb <= last_row_position - a.sliding_window);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nb = 0; nb < kKeys / 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e / 2, key = kb + nb * 8 + 2 * t + (e % 2);
-        float v = s[nb][e] * a.scale;
-        if (a.softcap > 0.0f) v = a.softcap * tanhf(v / a.softcap);
-        const bool visible = key <= pos[r] && (a.sliding_window <= 0 || key > pos[r] - a.sliding_window);
-        s[nb][e] = visible ? v : -INFINITY;
-        tile_max[r] = fmaxf(tile_max[r], s[nb][e]);
+        float v;
+        if (a.softcap > 0.0f)
+          v = cap_log2 * tanhf(s[nb][e] * scale_over_cap);
+        else
+          v = s[nb][e] * scale_log2;
+        if (masked) {
+          const bool visible = key <= pos[r] && (a.sliding_window <= 0 || key > pos[r] - a.sliding_window);
+          v = visible ? v : -INFINITY;
+        }
+        s[nb][e] = v;
+        tile_max[r] = fmaxf(tile_max[r], v);
       }
     float rescale[2];
 #pragma unroll
@@ -150,14 +274,14 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
       const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
-      rescale[r] = m[r] == -INFINITY ? 0.0f : __expf(m[r] - base);
+      rescale[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - base);
       m[r] = m_new;
       l[r] *= rescale[r];
 #pragma unroll
       for (int nb = 0; nb < kKeys / 8; ++nb)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[nb][e] = s[nb][e] == -INFINITY ? 0.0f : __expf(s[nb][e] - base);
+          s[nb][e] = exp2f(s[nb][e] - base);  // -inf gives 0
           l[r] += s[nb][e];
         }
     }
@@ -167,20 +291,23 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
       o[nb][2] *= rescale[1], o[nb][3] *= rescale[1];
     }
 
-    // O += P V: P's A fragments are the score accumulators of two neighbouring key pieces.
+    // O += P V: P's A fragments are the score accumulators of two neighbouring key pieces;
+    // V's B fragments come from transposing ldmatrix: matrices of keys kk*16 + 0/8 x dims
+    // nb*8 and nb*8 + 8, so one load serves two 8-wide output pieces.
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const uint32_t pf[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
                               pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                               pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      const __half* vp = v_s + (kk * 16 + 2 * t) * kRow + g;
 #pragma unroll
-      for (int nb = 0; nb < D / 8; ++nb) {
-        const __half* col = vp + nb * 8;
-        const uint32_t bf[2] = {pack_halves(col[0], col[kRow]), pack_halves(col[8 * kRow], col[9 * kRow])};
-        mma_f16(o[nb], pf, bf);
+      for (int nb = 0; nb < D / 8; nb += 2) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, v_cur + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRow + nb * 8 + (lane / 16) * 8);
+        mma_f16(o[nb], pf, vf[0], vf[1]);
+        mma_f16(o[nb + 1], pf, vf[2], vf[3]);
       }
     }
+    __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
   // Each row's sum over its quad, the sink, then the normalized output.
@@ -190,11 +317,11 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
     sum += __shfl_xor_sync(kFullMask, sum, 1);
     sum += __shfl_xor_sync(kFullMask, sum, 2);
     float factor = 1.0f;
-    if (a.sinks) {
-      const float sink = a.sinks[head];
+    if (a.sinks) {  // m is in log2 units
+      const float sink = a.sinks[head] * kLog2e;
       const float m_final = fmaxf(m[r], sink);
-      factor = m[r] == -INFINITY ? 0.0f : __expf(m[r] - m_final);
-      sum = sum * factor + __expf(sink - m_final);
+      factor = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_final);
+      sum = sum * factor + exp2f(sink - m_final);
     }
     const float inv = sum > 0.0f ? factor / sum : 0.0f;
     const int token = q0 + row0 + 8 * r;
@@ -238,8 +365,12 @@ Status prefill_attention(const PrefillAttentionArgs& a, cudaStream_t stream) {
       a.first_position < 0 || a.n_head > 65535)
     return Status::invalid("prefill_attention: bad shape (tokens " + std::to_string(a.n_tokens) + ", heads " +
                            std::to_string(a.n_head) + "/" + std::to_string(a.n_head_kv) + ")");
-  if (a.q_stride % 4 != 0 || a.k_slot_stride % 4 != 0 || a.v_slot_stride % 4 != 0 || a.out_stride % 2 != 0 ||
-      reinterpret_cast<uintptr_t>(a.q) % 16 != 0 || reinterpret_cast<uintptr_t>(a.out) % 8 != 0)
+  // 16-byte rows: f16 cache slots of 8 elements, f32 of 4 (cp.async and float4 loads).
+  const int64_t slot_align = a.cache_type == GgmlType::F16 ? 8 : 4;
+  if (a.q_stride % 4 != 0 || a.k_slot_stride % slot_align != 0 || a.v_slot_stride % slot_align != 0 ||
+      a.out_stride % 2 != 0 || reinterpret_cast<uintptr_t>(a.q) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.out) % 8 != 0 || reinterpret_cast<uintptr_t>(a.k_cache) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.v_cache) % 16 != 0)
     return Status::invalid("prefill_attention: rows must be 16-byte aligned");
   const bool f16 = a.cache_type == GgmlType::F16;
   if (a.head_dim == 64)

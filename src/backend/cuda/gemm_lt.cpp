@@ -1,0 +1,166 @@
+// Timed algorithm choice for the prefill products through cuBLASLt (see gemm_lt.h).
+#include "backend/cuda/gemm_lt.h"
+
+#include <cublasLt.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kCandidates = 8;
+constexpr int kTimedRuns = 3;
+
+bool tuning_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("KILN_CUDA_GEMM_TUNE");
+    return !(env && std::string(env) == "0");
+  }();
+  return on;
+}
+
+// The largest power of two (up to 256) that divides the address: part of the key, since
+// an algorithm may need aligned operands.
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+
+Key key_of(const LtProduct& p) {
+  return Key{int(p.type), p.rows, p.t, p.k, p.ldw, p.ldx, p.ldy, alignment(p.w), alignment(p.x), alignment(p.y)};
+}
+
+// A shape's descriptors and the algorithm chosen for it (usable = false: none works).
+struct Plan {
+  bool usable = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+
+struct Registry {
+  std::mutex mutex;
+  cublasLtHandle_t handle = nullptr;
+  bool handle_failed = false;
+  std::map<Key, Plan> plans;
+};
+
+Registry& registry() {
+  static Registry r;  // process lifetime: plans are never freed
+  return r;
+}
+
+bool ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+
+// Descriptors of the product: D = op(A) B with A = W (k x rows, transposed), B = X (k x t).
+bool describe(const LtProduct& p, Plan& plan) {
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  return ok(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+         ok(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a))) &&
+         ok(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b))) &&
+         ok(cublasLtMatrixLayoutCreate(&plan.a, p.type, uint64_t(p.k), uint64_t(p.rows), p.ldw)) &&
+         ok(cublasLtMatrixLayoutCreate(&plan.b, p.type, uint64_t(p.k), uint64_t(p.t), p.ldx)) &&
+         ok(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, uint64_t(p.rows), uint64_t(p.t), p.ldy));
+}
+
+cublasStatus_t launch(cublasLtHandle_t handle, const Plan& plan, const cublasLtMatmulAlgo_t& algo, const LtProduct& p,
+                      void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublasLtMatmul(handle, plan.desc, &alpha, p.w, plan.a, p.x, plan.b, &beta, p.y, plan.c, p.y, plan.c, &algo,
+                        workspace, workspace_bytes, stream);
+}
+
+// Every candidate of the heuristic, timed on the real operands; the fastest is kept.
+void choose(cublasLtHandle_t handle, const LtProduct& p, Plan& plan, void* workspace, size_t workspace_bytes,
+            cudaStream_t stream) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (!ok(cublasLtMatmulPreferenceCreate(&pref))) return;
+  const uint64_t ws = workspace_bytes;
+  const uint32_t align_a = alignment(p.w), align_b = alignment(p.x), align_c = alignment(p.y);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
+  cublasLtMatmulHeuristicResult_t found[kCandidates] = {};
+  int n_found = 0;
+  const bool listed = ok(cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref,
+                                                        kCandidates, found, &n_found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (!listed || n_found <= 0) return;
+
+  cudaEvent_t start = nullptr, end = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&end) != cudaSuccess) {
+    if (start) cudaEventDestroy(start);
+    return;
+  }
+  float best = 0.0f;
+  for (int i = 0; i < n_found; ++i) {
+    if (!ok(found[i].state) || found[i].workspaceSize > workspace_bytes) continue;
+    if (!ok(launch(handle, plan, found[i].algo, p, workspace, workspace_bytes, stream))) continue;  // warm-up
+    cudaEventRecord(start, stream);
+    bool ran = true;
+    for (int r = 0; r < kTimedRuns && ran; ++r)
+      ran = ok(launch(handle, plan, found[i].algo, p, workspace, workspace_bytes, stream));
+    cudaEventRecord(end, stream);
+    float ms = 0.0f;
+    if (!ran || cudaEventSynchronize(end) != cudaSuccess || cudaEventElapsedTime(&ms, start, end) != cudaSuccess)
+      continue;
+    if (!plan.usable || ms < best) {
+      best = ms;
+      plan.algo = found[i].algo;
+      plan.workspace = found[i].workspaceSize;
+      plan.usable = true;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  cudaGetLastError();  // a failed candidate leaves nothing behind
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+bool lt_planned(const LtProduct& p) {
+  if (!tuning_enabled()) return true;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.plans.count(key_of(p)) != 0;
+}
+
+bool lt_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream, Status* status) {
+  if (!tuning_enabled()) return false;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (!r.handle && !r.handle_failed) r.handle_failed = !ok(cublasLtCreate(&r.handle));
+  if (r.handle_failed) return false;
+  const Key key = key_of(p);
+  auto it = r.plans.find(key);
+  if (it == r.plans.end()) {
+    if (capturing(stream)) return false;  // no timing inside a graph capture
+    Plan plan;
+    if (describe(p, plan)) choose(r.handle, p, plan, workspace, workspace_bytes, stream);
+    it = r.plans.emplace(key, plan).first;
+  }
+  const Plan& plan = it->second;
+  if (!plan.usable) return false;
+  const cublasStatus_t s = launch(r.handle, plan, plan.algo, p, workspace, workspace_bytes, stream);
+  if (!ok(s))
+    *status = Status::from_cuda(cudaErrorUnknown, std::string("gemm: cublasLtMatmul failed: ") + cublasGetStatusString(s));
+  return true;
+}
+
+}  // namespace kiln::cuda

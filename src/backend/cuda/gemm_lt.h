@@ -1,0 +1,48 @@
+#pragma once
+// Prefill products in half precision through cuBLASLt, with the algorithm picked by timing:
+// the first product of each shape (and pointer alignment) runs every candidate that the
+// heuristic offers (up to 8) three times on the real operands and keeps the fastest; later
+// products of that shape launch it directly. Against cublasGemmEx's own choice this measured
+// +1% to +2% end to end on llama3-8b pp512 (docs/perf-notes.md, round 4). Timing the
+// candidates costs a few milliseconds per new shape, once per process.
+//
+// Column-major, as cuBLAS: Y (rows x t, ld ldy, f32) = W^T (W: k x rows, ld ldw) * X (k x t,
+// ld ldx), W and X of `type` (CUDA_R_16F or CUDA_R_16BF), f32 accumulation.
+//
+// The environment's KILN_CUDA_GEMM_TUNE=0 turns the path off (lt_product then declines).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/status.h"
+
+namespace kiln::cuda {
+
+struct LtProduct {
+  cudaDataType_t type = CUDA_R_16BF;
+  int64_t rows = 0, t = 0, k = 0;
+  const void* w = nullptr;
+  int64_t ldw = 0;
+  const void* x = nullptr;
+  int64_t ldx = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+
+// Workspace each concurrent product needs (split-K algorithms keep partial sums there).
+inline constexpr size_t kLtWorkspaceBytes = size_t(8) << 20;
+
+// Whether the tuned path is on and this shape already has its algorithm (or is known to
+// have none): a product of an untimed shape times candidates, so callers that run products
+// side by side run them one after the other until every shape is timed.
+bool lt_planned(const LtProduct& p);
+
+// Launches the product on `stream` and returns true; false when the path is off, the
+// stream is being captured into a graph before the shape was timed, or no candidate works
+// (nothing launched then: the caller uses cublasGemmEx). A failing launch of a chosen
+// algorithm is an error in *status.
+bool lt_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream, Status* status);
+
+}  // namespace kiln::cuda
