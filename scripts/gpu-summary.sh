@@ -42,5 +42,7 @@ for t in "${types[@]}"; do
   bench llama3-8b "$t" 3
 done
 bench qwen3-30b-a3b q8_0 2
-for t in "${types[@]}"; do [ "$t" = q4_k_m ] && bench llama3-8b q4_k_m 3; done
+for t in "${types[@]}"; do
+  [ "$t" = q4_k_m ] && bench llama3-8b q4_k_m 3 && bench qwen3-30b-a3b q4_k_m 2
+done
 say "done"
