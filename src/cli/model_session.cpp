@@ -19,8 +19,8 @@ void add_model_options(CLI::App* cmd, ModelOptions& o, bool with_context) {
   add_cache_type_option(cmd, o.cache_type);
   cmd->add_option("--cpu-weights", o.cpu_weights,
                   "CPU device: map (weights read from the mapped file, resident as they are touched) or copy "
-                  "(copied at load into memory with 2 MiB pages: faster decode, the weights' size in extra "
-                  "memory)")
+                  "(copied at load into anonymous memory with 2 MiB pages where granted: faster decode, the "
+                  "weights' size in extra memory)")
       ->check(CLI::IsMember({"map", "copy"}))
       ->capture_default_str();
   if (!with_context) return;

@@ -2,10 +2,10 @@
 // Anonymous memory for weights copied out of the mapped model file at load, in 2 MiB
 // transparent huge pages where the kernel grants them (THP mode "always" or "madvise").
 //
-// Why: decode streams every weight once per token. Read through the file mapping, the
-// weights sit in 4 KiB page-cache pages, and in a virtual machine each TLB miss is a
-// two-level page walk; with 2 MiB pages there are 512x fewer. On the 2-core development VM,
-// q4_0 tg32 of a 1B model: +8-15% in alternating runs (docs/perf-notes-cpu.md, v9).
+// Why: decode streams every weight once per token, and on the 2-core development VM it
+// reads anonymous memory faster than the file's page-cache pages (tg32 of a 1B model,
+// alternating runs: +11-13% for q4_0, q4_K_M, q8_0, f16; a 4 KiB-page copy gets most of
+// that, 2 MiB pages a few percent more; docs/perf-notes-cpu.md, v9).
 // The cost: the copy is resident, anonymous memory the size of the weights (the file's
 // pages stay in the page cache, reclaimable), and a memcpy at load. So it is a choice
 // (CpuBackend's copy_weights, `--cpu-weights copy`), not the default.
