@@ -137,6 +137,35 @@ Region anon(const char* name, size_t bytes, int advice) {
   return r;
 }
 
+// Anonymous 4 KiB pages first touched in a shuffled order: the same kind of memory as
+// anon(), but consecutive virtual pages get physical pages in no particular order (the
+// kernel hands out free pages in the order of the faults), as a file's page cache does
+// when the file was read at different times. Compared with anon(..., MADV_NOHUGEPAGE),
+// this isolates physical placement from page size.
+Region anon_scattered(const char* name, size_t bytes) {
+  Region r;
+  r.name = name;
+  r.map_bytes = bytes;
+  r.map_base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (r.map_base == MAP_FAILED) {
+    std::perror("mmap anonymous");
+    std::exit(1);
+  }
+  madvise(r.map_base, bytes, MADV_NOHUGEPAGE);
+  auto* p = static_cast<uint8_t*>(r.map_base);
+  std::vector<size_t> pages(bytes / 4096);
+  for (size_t i = 0; i < pages.size(); ++i) pages[i] = i;
+  uint64_t state = 88172645463325252ull;  // xorshift: a fixed shuffle
+  for (size_t i = pages.size(); i > 1; --i) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    std::swap(pages[i - 1], pages[state % i]);
+  }
+  for (size_t page : pages) std::memset(p + page * 4096, int(page), 4096);
+  r.data = p;
+  r.bytes = bytes;
+  return r;
+}
+
 Region file_map(const char* name, const std::string& path, size_t bytes, int flags, int advice) {
   Region r;
   r.name = name;
@@ -210,6 +239,7 @@ int main(int argc, char** argv) {
   std::vector<Region> regions;
   regions.push_back(anon("anon 4K (nohugepage)", bytes, MADV_NOHUGEPAGE));
   regions.push_back(anon("anon THP (madv_hugepage)", bytes, MADV_HUGEPAGE));
+  regions.push_back(anon_scattered("anon 4K, shuffled faults", bytes));
   if (!path.empty()) {
     regions.push_back(file_map("file mmap", path, bytes, 0, 0));
     regions.push_back(file_map("file mmap populate+willneed", path, bytes, MAP_POPULATE, MADV_WILLNEED));
