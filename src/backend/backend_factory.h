@@ -15,6 +15,7 @@ namespace kiln {
 
 struct BackendOptions {
   int threads = 0;            // cpu: 0 = one per core
+  bool cpu_copy_weights = false;  // cpu: weights copied into huge-page memory (CpuBackend)
   bool exact = false;         // cuda: f32 everywhere, logits follow the CPU
   bool cuda_graphs = true;    // cuda: replay decode steps as CUDA graphs
   int cuda_device = 0;

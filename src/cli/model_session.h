@@ -24,6 +24,7 @@ struct ModelOptions {
   int max_batch = 512; // prompt tokens per forward pass
   std::string device = "auto";  // --device: auto (GPU when present), cpu, cuda
   std::string cache_type = "f16";  // --cache-type: the KV cache's entries, f16 or f32
+  std::string cpu_weights = "map";  // --cpu-weights: map (read from the file) or copy (huge pages)
 };
 
 // -m/--model, -t/--threads, --device, --cache-type, and (when `with_context`) -c/--ctx-size

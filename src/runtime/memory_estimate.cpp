@@ -47,6 +47,11 @@ void check_memory_fits(const MemoryEstimate& estimate, int n_ctx) {
   const std::optional<uint64_t> available = available_memory();
   if (!available) return;  // not Linux, or /proc hidden: nothing to judge by
   if (estimate.total() <= *available) return;
+  if (estimate.weight_copy_bytes > 0)
+    fail("a context of {} tokens needs about {} (KV cache {} + scratch {} + weight copy {}) but only {} of memory is "
+         "available; use a smaller context (-c) or read the weights from the file (--cpu-weights map)",
+         n_ctx, gib(estimate.total()), gib(estimate.kv_cache_bytes), gib(estimate.scratch_bytes),
+         gib(estimate.weight_copy_bytes), gib(*available));
   fail("a context of {} tokens needs about {} (KV cache {} + scratch {}) but only {} of memory is available; "
        "use a smaller context (-c)",
        n_ctx, gib(estimate.total()), gib(estimate.kv_cache_bytes), gib(estimate.scratch_bytes), gib(*available));

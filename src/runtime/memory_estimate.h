@@ -13,7 +13,11 @@ namespace kiln {
 struct MemoryEstimate {
   uint64_t kv_cache_bytes = 0;  // keys and values of every attention layer, of the cache's type
   uint64_t scratch_bytes = 0;   // activations of a batch of `max_batch` tokens, logits
-  uint64_t total() const { return kv_cache_bytes + scratch_bytes; }
+  // Weights copied out of the file at load (the CPU's `--cpu-weights copy`), set by the
+  // caller; 0 when weights are read from the mapped file (resident only as they are touched,
+  // and reclaimable page cache).
+  uint64_t weight_copy_bytes = 0;
+  uint64_t total() const { return kv_cache_bytes + scratch_bytes + weight_copy_bytes; }
 };
 
 // An upper estimate for one sequence of `n_ctx` tokens run in batches of `max_batch`, with

@@ -26,7 +26,7 @@ class HostBuffer final : public Buffer {
 
 }  // namespace cpu_memory
 
-CpuBackend::CpuBackend(int n_threads) : pool_(n_threads) {}
+CpuBackend::CpuBackend(int n_threads, bool copy_weights) : pool_(n_threads), copy_weights_(copy_weights) {}
 
 std::optional<std::string> CpuBackend::supports(Op op, std::span<const GgmlType> types) const {
   // Weights of any type with a dequantizer; KV caches in f32 or f16; other data in f32.
@@ -54,6 +54,9 @@ Tensor CpuBackend::weight(const gguf::TensorInfo& info) {
   KILN_CHECK(t.bytes() == info.bytes, "tensor {}: {} bytes in the file, {} expected for {}", info.name, info.bytes,
              t.bytes(), t.describe());
   t.data = const_cast<uint8_t*>(info.data);  // read only: weights are never written
+  // Small tensors (norms, biases) stay mapped: they are read once per layer, not streamed.
+  if (copy_weights_ && info.bytes >= kCopyMinBytes)
+    t.data = const_cast<uint8_t*>(weight_copies_.copy(info.data, info.bytes));
   t.name = info.name;
   return t;
 }

@@ -25,7 +25,7 @@ std::string auto_device(std::string* why) {
 std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOptions& o) {
   std::string name(device);
   if (name == "auto") name = auto_device();
-  if (name == "cpu") return std::make_unique<CpuBackend>(o.threads);
+  if (name == "cpu") return std::make_unique<CpuBackend>(o.threads, o.cpu_copy_weights);
   if (name == "cuda") {
 #if KILN_HAVE_CUDA
     CudaOptions c;
