@@ -32,6 +32,7 @@ struct Options {
   int batch = 0;  // tokens per forward pass; 0: all at once
   std::string device = "auto";
   std::string cache_type = "f16";
+  std::string cpu_weights = "map";
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -61,7 +62,9 @@ void run(const Options& o) {
   auto source = open_model_source(o.model);  // a GGUF file, or a checkpoint directory
   BackendOptions bo;
   bo.threads = o.threads;
-  const std::unique_ptr<Backend> device = make_backend(o.device, bo);
+  const std::string device_name = o.device == "auto" ? auto_device() : o.device;
+  bo.cpu_copy_weights = device_name == "cpu" && o.cpu_weights == "copy";
+  const std::unique_ptr<Backend> device = make_backend(device_name, bo);
   Backend& backend = *device;
   auto model = Model::load(*source, backend);
   const int n_vocab = model->hparams().n_vocab;
@@ -99,6 +102,7 @@ void register_logits(CLI::App& app) {
   cmd->add_option("-b,--batch-size", options->batch, "tokens per forward pass (0: all in one)");
   cmd->add_option("--device", options->device, "auto (the GPU when one is usable), cpu or cuda");
   add_cache_type_option(cmd, options->cache_type);
+  add_cpu_weights_option(cmd, options->cpu_weights);
   cmd->callback([options] { logits_cmd::run(*options); });
 }
 

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "model/hf_checkpoint.h"
 #include "runtime/memory_estimate.h"
 #include "tokenizer/hf_files.h"
 
@@ -17,16 +18,20 @@ void add_model_options(CLI::App* cmd, ModelOptions& o, bool with_context) {
   cmd->add_option("-t,--threads", o.threads, "Threads (default: one per core)");
   cmd->add_option("--device", o.device, "auto (the GPU when one is usable), cpu or cuda")->capture_default_str();
   add_cache_type_option(cmd, o.cache_type);
-  cmd->add_option("--cpu-weights", o.cpu_weights,
+  add_cpu_weights_option(cmd, o.cpu_weights);
+  if (!with_context) return;
+  cmd->add_option("-c,--ctx-size", o.n_ctx, "Context length in tokens (0: the model's training context)")
+      ->capture_default_str();
+  cmd->add_option("-b,--batch-size", o.max_batch, "Most prompt tokens run in one forward pass")->capture_default_str();
+}
+
+void add_cpu_weights_option(CLI::App* cmd, std::string& cpu_weights) {
+  cmd->add_option("--cpu-weights", cpu_weights,
                   "CPU device: map (weights read from the mapped file, resident as they are touched) or copy "
                   "(copied at load into anonymous memory with 2 MiB pages where granted: faster decode, the "
                   "weights' size in extra memory)")
       ->check(CLI::IsMember({"map", "copy"}))
       ->capture_default_str();
-  if (!with_context) return;
-  cmd->add_option("-c,--ctx-size", o.n_ctx, "Context length in tokens (0: the model's training context)")
-      ->capture_default_str();
-  cmd->add_option("-b,--batch-size", o.max_batch, "Most prompt tokens run in one forward pass")->capture_default_str();
 }
 
 void add_cache_type_option(CLI::App* cmd, std::string& cache_type) {
@@ -56,6 +61,18 @@ Tokenizer checkpoint_tokenizer(const std::string& path) {
   }
 }
 
+// Bytes of every tensor the source stores: what `--cpu-weights copy` may copy (a checkpoint's
+// tensors that load transformed are copies anyway; counting them too errs on the safe side).
+static size_t stored_weight_bytes(const ModelSource& source) {
+  size_t bytes = 0;
+  if (const gguf::File* file = source.gguf_file()) {
+    for (const gguf::TensorInfo& t : file->tensors()) bytes += t.bytes;
+  } else if (const auto* hf = dynamic_cast<const HfCheckpointSource*>(&source)) {
+    for (const safetensors::Tensor* t : hf->checkpoint().tensors()) bytes += t->bytes;
+  }
+  return bytes;
+}
+
 LoadedModel load_model(const ModelOptions& o, bool with_tokenizer) {
   namespace fs = std::filesystem;
   const auto start = std::chrono::steady_clock::now();
@@ -71,8 +88,7 @@ LoadedModel load_model(const ModelOptions& o, bool with_tokenizer) {
   const std::string device = o.device == "auto" ? auto_device() : o.device;
   bo.cpu_copy_weights = device == "cpu" && o.cpu_weights == "copy";
   MemoryEstimate estimate = estimate_memory(hp, m.n_ctx, o.max_batch, m.cache_type);
-  if (bo.cpu_copy_weights && m.file)
-    for (const gguf::TensorInfo& t : m.file->tensors()) estimate.weight_copy_bytes += t.bytes;
+  if (bo.cpu_copy_weights) estimate.weight_copy_bytes = stored_weight_bytes(*m.source);
   check_memory_fits(estimate, m.n_ctx);
 
   m.backend = make_backend(device, bo);

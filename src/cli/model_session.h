@@ -33,6 +33,8 @@ void add_model_options(CLI::App* cmd, ModelOptions& options, bool with_context =
 
 // --cache-type f16|f32 (default f16), for commands with their own options (kiln logits).
 void add_cache_type_option(CLI::App* cmd, std::string& cache_type);
+// --cpu-weights map|copy (see ModelOptions::cpu_weights).
+void add_cpu_weights_option(CLI::App* cmd, std::string& cpu_weights);
 // "f16" -> F16, "f32" -> F32; anything else is refused with the choices.
 GgmlType parse_cache_type(const std::string& name);
 
