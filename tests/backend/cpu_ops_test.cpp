@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "dense_attention_reference.h"
 
 namespace kiln {
 namespace {
@@ -133,32 +134,10 @@ TEST_P(CpuAttention, PagedCacheMatchesDenseDefinition) {
   Tensor tout = view(out, {n_head * dv, T});
   be.attention(view(q, {n_head * dk, T}), cache, index, p, tout);
 
-  std::vector<double> want(out.size());
-  for (int64_t t = 0; t < T; ++t)
-    for (int h = 0; h < n_head; ++h) {
-      const int kvh = h / (n_head / n_kv);
-      std::vector<double> w;
-      std::vector<int64_t> keys;
-      for (int64_t j = 0; j < T; ++j) {
-        if (seq[size_t(j)] != seq[size_t(t)] || pos[size_t(j)] > pos[size_t(t)]) continue;
-        if (c.window > 0 && pos[size_t(t)] - pos[size_t(j)] >= c.window) continue;
-        double s = 0;
-        for (int d = 0; d < dk; ++d) s += double(q[size_t((t * n_head + h) * dk + d)]) * k[size_t((j * n_kv + kvh) * dk + d)];
-        s *= 0.3;
-        if (c.softcap > 0) s = c.softcap * std::tanh(s / c.softcap);
-        w.push_back(s);
-        keys.push_back(j);
-      }
-      double m = c.sinks ? sinks[size_t(h)] : -1e300;
-      for (double s : w) m = std::max(m, s);
-      double sum = c.sinks ? std::exp(sinks[size_t(h)] - m) : 0;
-      for (double& s : w) sum += (s = std::exp(s - m));
-      for (int d = 0; d < dv; ++d) {
-        double acc = 0;
-        for (size_t i = 0; i < keys.size(); ++i) acc += w[i] * v[size_t((keys[i] * n_kv + kvh) * dv + d)];
-        want[size_t((t * n_head + h) * dv + d)] = acc / sum;
-      }
-    }
+  const testing::DenseAttentionShape shape{n_head, n_kv, dk, dv, 0.3, c.softcap, c.window};
+  const std::vector<double> want =
+      testing::dense_attention(q, k, v, pos, seq, shape, c.sinks ? sinks.data() : nullptr, [](float x) { return x; })
+          .out;
   expect_close(out, want, 1e-5, "attention");
 }
 

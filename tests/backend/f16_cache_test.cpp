@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/f16_rows.h"
 #include "core/half.h"
+#include "dense_attention_reference.h"
 
 namespace kiln {
 namespace {
@@ -144,42 +145,20 @@ TEST(F16Cache, AttentionMatchesTheDefinitionOverRoundedInputs) {
     Tensor tout = f32(out, {n_head * c.dv, T});
     be.attention(f32(q, {n_head * c.dk, T}), cache, index, p, tout);
 
+    const testing::DenseAttentionShape shape{n_head, c.n_kv, c.dk, c.dv, scale, c.softcap, c.window};
+    const testing::DenseAttention ref =
+        testing::dense_attention(q, k, v, pos, seq, shape, c.sinks ? sinks.data() : nullptr, round_f16);
     size_t bad = 0;
     for (int64_t t = 0; t < T; ++t)
-      for (int h = 0; h < n_head; ++h) {
-        const int kvh = h / c.group;
-        std::vector<double> w;
-        std::vector<int64_t> keys;
-        for (int64_t j = 0; j < T; ++j) {
-          if (seq[size_t(j)] != seq[size_t(t)] || pos[size_t(j)] > pos[size_t(t)]) continue;
-          if (c.window > 0 && pos[size_t(t)] - pos[size_t(j)] >= c.window) continue;
-          double s = 0;
-          for (int d = 0; d < c.dk; ++d)
-            s += double(round_f16(q[size_t((t * n_head + h) * c.dk + d)])) *
-                 round_f16(k[size_t(j * kw + kvh * c.dk + d)]);
-          s *= scale;
-          if (c.softcap > 0) s = c.softcap * std::tanh(s / c.softcap);
-          w.push_back(s);
-          keys.push_back(j);
-        }
-        double m = c.sinks ? sinks[size_t(h)] : -1e300;
-        for (double s : w) m = std::max(m, s);
-        double sum = c.sinks ? std::exp(sinks[size_t(h)] - m) : 0;
-        for (double& s : w) sum += (s = std::exp(s - m));
+      for (int h = 0; h < n_head; ++h)
         for (int d = 0; d < c.dv; ++d) {
-          double acc = 0, mag = 0;
-          for (size_t i = 0; i < keys.size(); ++i) {
-            const double value = round_f16(v[size_t(keys[i] * vw + kvh * c.dv + d)]);
-            acc += w[i] * value;
-            mag += w[i] * std::abs(value);
-          }
-          const double want = acc / sum, tol = 2e-5 * mag / sum + 1e-6;
-          const float got = out[size_t((t * n_head + h) * c.dv + d)];
+          const size_t i = size_t((t * n_head + h) * c.dv + d);
+          const double want = ref.out[i], tol = 2e-5 * ref.magnitude[i] + 1e-6;
+          const float got = out[i];
           if (!(std::abs(got - want) <= tol) && bad++ < 5)
             ADD_FAILURE() << "token " << t << " head " << h << " dim " << d << ": got " << got << ", expected " << want
                           << " (tolerance " << tol << ")";
         }
-      }
   }
 }
 
