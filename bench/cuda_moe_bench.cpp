@@ -20,48 +20,16 @@
 #include <vector>
 
 #include "backend/cuda/moe.h"
-#include "core/half.h"
 #include "quant/types.h"
+#include "cuda_bench_util.h"
 
 namespace {
 
 using namespace kiln;
 using namespace kiln::cuda;
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "bench: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-void check(const Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "bench: %s: %s\n", what, s.message().c_str());
-    std::exit(1);
-  }
-}
+using namespace kiln::bench;
 
 constexpr int64_t kEmbd = 2048, kFf = 768, kExperts = 128, kUsed = 8;
-
-// Random quant bytes with finite scales of moderate size.
-std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937_64& rng) {
-  const TypeTraits& t = traits(type);
-  std::vector<uint8_t> w(size_t(rows * (cols / t.block_size) * t.type_size));
-  for (size_t i = 0; i + 8 <= w.size(); i += 8) {
-    const uint64_t r = rng();
-    std::memcpy(&w[i], &r, 8);
-  }
-  std::vector<int> fields = {0};
-  if (type == GgmlType::Q4_K || type == GgmlType::Q5_K) fields = {0, 2};
-  if (type == GgmlType::Q6_K) fields = {208};
-  std::uniform_real_distribution<float> u(-0.01f, 0.01f);
-  for (size_t b = 0; b < w.size() / t.type_size; ++b)
-    for (int off : fields) {
-      const uint16_t h = f32_to_f16(u(rng));
-      std::memcpy(&w[b * t.type_size + off], &h, 2);
-    }
-  return w;
-}
 
 void* device_copy(const void* host, size_t bytes) {
   void* p = nullptr;
@@ -80,11 +48,6 @@ std::vector<int32_t> random_ids(int64_t T, std::mt19937_64& rng) {
   return ids;
 }
 
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
   const TypeTraits &tg = traits(gate_up), &td = traits(down);
   const int64_t g_row = kEmbd / tg.block_size * tg.type_size, d_row = kFf / td.block_size * td.type_size;
@@ -92,9 +55,13 @@ void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
   a.gate.type = a.up.type = gate_up, a.down.type = down;
   a.gate.row_bytes = a.up.row_bytes = g_row, a.down.row_bytes = d_row;
   a.gate.expert_bytes = a.up.expert_bytes = g_row * kFf, a.down.expert_bytes = d_row * kEmbd;
-  a.gate.data = device_copy(random_weights(gate_up, kExperts * kFf, kEmbd, rng).data(), size_t(g_row * kFf * kExperts));
-  a.up.data = device_copy(random_weights(gate_up, kExperts * kFf, kEmbd, rng).data(), size_t(g_row * kFf * kExperts));
-  a.down.data = device_copy(random_weights(down, kExperts * kEmbd, kFf, rng).data(), size_t(d_row * kEmbd * kExperts));
+  Rng weights_rng{rng()};
+  a.gate.data = device_copy(random_weights(gate_up, kExperts * kFf, kEmbd, weights_rng).data(),
+                            size_t(g_row * kFf * kExperts));
+  a.up.data = device_copy(random_weights(gate_up, kExperts * kFf, kEmbd, weights_rng).data(),
+                          size_t(g_row * kFf * kExperts));
+  a.down.data = device_copy(random_weights(down, kExperts * kEmbd, kFf, weights_rng).data(),
+                            size_t(d_row * kEmbd * kExperts));
   a.n_embd = kEmbd, a.n_ff = kFf, a.n_expert = kExperts, a.n_used = kUsed;
   const double expert_bytes = double(2 * g_row * kFf + d_row * kEmbd);
 
