@@ -162,13 +162,27 @@ TEST_F(FusedOps, MatmulAddWritesTheProductAndAddsItToTheResidual) {
         if (after_norm) gpu_->rmsnorm(x, Tensor{}, 1e-5f, x);
         const Tensor w = weight(type, K, N), bias = random({N});
         const std::vector<float> residual_host = random_floats(rng_, size_t(N * T), -3.0f, 3.0f);
-        Tensor residual = floats({N, T}, residual_host), out = poisoned(N, T);
+        Tensor residual = floats({N, T}, residual_host), out = poisoned(N, T), normed = poisoned(N, T);
         gpu_->matmul_add(x, w, bias, out, residual);
+        // A norm of the residual right after (where the add may still be pending and be
+        // taken into the norm's kernel): it must see the sum.
+        const std::vector<float> norm_w_host = random_floats(rng_, size_t(N), 0.5f, 1.5f);
+        const Tensor norm_w = floats({N}, norm_w_host);
+        gpu_->rmsnorm(residual, norm_w, 1e-5f, normed);
         const std::vector<float> got_out = host(out), got_residual = host(residual);
         EXPECT_TRUE(all_equal_bits(got_out, apart(x, w, bias), "out"));
         std::vector<float> want_residual(residual_host.size());
         for (size_t i = 0; i < want_residual.size(); ++i) want_residual[i] = residual_host[i] + got_out[i];
         EXPECT_TRUE(all_equal_bits(got_residual, want_residual, "residual"));
+        std::vector<double> want_normed(size_t(N * T));
+        for (int64_t t = 0; t < T; ++t) {
+          double sum_sq = 0;
+          for (int64_t i = 0; i < N; ++i) sum_sq += double(got_residual[size_t(t * N + i)]) * got_residual[size_t(t * N + i)];
+          const double inv = 1.0 / std::sqrt(sum_sq / double(N) + 1e-5);
+          for (int64_t i = 0; i < N; ++i)
+            want_normed[size_t(t * N + i)] = got_residual[size_t(t * N + i)] * inv * norm_w_host[size_t(i)];
+        }
+        EXPECT_TRUE(all_close(host(normed), want_normed, 2e-6, 0.0, "rmsnorm of the residual"));
       }
     }
   }

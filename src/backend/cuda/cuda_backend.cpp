@@ -177,6 +177,7 @@ Tensor CudaBackend::owned_weight(const Tensor& src, std::string_view name) {
 
 void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
   KILN_CHECK(dst.device == Device::Cuda, "cuda upload: {} is not device memory", dst.name);
+  flush_pending_add();
   graphs_->flush();  // ops recorded before this upload must see the old contents
   quantized_input_ = {};
   if (bytes > pinned_bytes_ / 2) {
@@ -198,6 +199,7 @@ void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
 
 void CudaBackend::download(const Tensor& src, void* host, size_t bytes) {
   KILN_CHECK(src.device == Device::Cuda, "cuda download: {} is not device memory", src.name);
+  flush_pending_add();
   graphs_->flush();
   check(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
@@ -211,6 +213,7 @@ uint64_t CudaBackend::download_async(const Tensor& src, size_t bytes) {
   const uint64_t ticket = next_download_++;
   PendingDownload& d = downloads_[ticket % kMaxPendingDownloads];
   KILN_CHECK(d.ticket == 0, "cuda download_async: {} downloads already pending", int(kMaxPendingDownloads));
+  flush_pending_add();
   graphs_->flush();
   check(cudaMemcpyAsync(d.staged, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
   check(cudaEventRecord(d.done, stream_), "cudaEventRecord (download)");
@@ -229,13 +232,28 @@ void CudaBackend::finish_download(uint64_t ticket, void* host, size_t bytes) {
 }
 
 void CudaBackend::synchronize() {
+  flush_pending_add();
   graphs_->flush();
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   pinned_used_ = 0;
 }
 
+void CudaBackend::defer_add(const Tensor& out, Tensor& residual) {
+  flush_pending_add();
+  pending_add_ = PendingAdd{out, residual};
+  quantized_input_ = {};  // an int8 copy of the residual would go stale
+}
+
+void CudaBackend::flush_pending_add() {
+  if (!pending_add_) return;
+  PendingAdd p = std::move(*pending_add_);
+  pending_add_.reset();
+  add(p.residual, p.out, p.residual);
+}
+
 void CudaBackend::record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch,
                          const char* op) {
+  flush_pending_add();
   quantized_input_ = {};
   graphs_->add(sig, tokens, std::move(launch), op);
 }

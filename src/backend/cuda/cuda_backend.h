@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/backend.h"
@@ -102,6 +103,16 @@ class CudaBackend final : public Backend {
   // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp); with
   // `residual`, the one part's output is also added to it.
   void record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts, Tensor* residual);
+  // A matmul_add that runs as a plain product leaves its residual add pending: the next
+  // rmsnorm of that residual takes it in as one add_rmsnorm (prefill, and float weights in
+  // decode, keep the fused add-and-norm they had before the products took the adds). Any
+  // other recorded op, upload or download records the add first.
+  struct PendingAdd {
+    Tensor out, residual;
+  };
+  std::optional<PendingAdd> pending_add_;
+  void defer_add(const Tensor& out, Tensor& residual);
+  void flush_pending_add();
   // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false
   // where it does not apply (the caller then runs the parts one by one).
   bool matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts);

@@ -117,7 +117,10 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bia
                     residual.nb[1] == out.nb[1] &&
                     !overlaps(residual.as<float>(), span_floats(residual), out.as<float>(), span_floats(out)) &&
                     !overlaps(residual.as<float>(), span_floats(residual), x.as<float>(), span_floats(x));
-  if (!fits) return Backend::matmul_add(x, w, bias, out, residual);
+  if (!fits) {
+    matmul(x, w, bias, out);
+    return defer_add(out, residual);
+  }
   record_grouped(x, *type, std::span(&part, 1), &residual);
 }
 
@@ -142,7 +145,8 @@ void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const
   if (!from_f32 && !cuda::matvec_parts_fit(type, K, w_row, g.view(g.mv), cuda::q8_vector_in(q8, K))) {
     // Alignment or width the grouped kernel does not take: the plain ops.
     if (!accumulate) return Backend::matmul_parts(x, parts);
-    return Backend::matmul_add(x, *parts[0].w, parts[0].bias ? *parts[0].bias : Tensor{}, *parts[0].out, *residual);
+    matmul(x, *parts[0].w, parts[0].bias ? *parts[0].bias : Tensor{}, *parts[0].out);
+    return defer_add(*parts[0].out, *residual);
   }
   cuda::SignatureHash h;
   h.pod(Op::Matmul), h.pod(parts.size()), h.pod(reuse), h.pod(from_f32), h.pod(accumulate);

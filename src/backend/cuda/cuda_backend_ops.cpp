@@ -96,6 +96,12 @@ struct Sig {
 // Bytes per token of the int8 input copies (the same for every quantized weight type).
 size_t q8_row_bytes(int64_t cols) { return (cuda::matvec_scratch_bytes(GgmlType::Q4_0, cols) + 255) / 256 * 256; }
 
+// The same tensor view: data, type, shape and strides.
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.data == b.data && a.dtype == b.dtype && std::equal(std::begin(a.ne), std::end(a.ne), std::begin(b.ne)) &&
+         std::equal(std::begin(a.nb), std::end(a.nb), std::begin(b.nb));
+}
+
 }  // namespace cuda_ops
 
 using namespace cuda_ops;
@@ -131,6 +137,12 @@ void CudaBackend::remember_q8(const float* x, int64_t cols, int64_t rows, int64_
 }
 
 void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  if (pending_add_ && same_view(pending_add_->residual, x) && out.data != x.data &&
+      out.data != pending_add_->out.data) {
+    PendingAdd p = std::move(*pending_add_);  // x is that residual: add, then norm, in one op
+    pending_add_.reset();
+    return add_rmsnorm(p.out, p.residual, weight, eps, out);
+  }
   require_f32(x, "rmsnorm", "x");
   require_f32(out, "rmsnorm", "out");
   same_shape(x, out, "rmsnorm");
@@ -361,6 +373,8 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, con
 
 void CudaBackend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                                 const RopeParams& p, KvLayer& cache, const Tensor& slots) {
+  // Prefill measured faster with the three kernels (pp512 -4.7% with the fused one at T=512).
+  if (q_heads.ne[2] > kMatvecMaxTokens) return Backend::rope_kv_store(q_heads, k_heads, v, positions, p, cache, slots);
   const Tensor k_rows = k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]});
   const cuda::RopeArgs q = rope_args(q_heads, positions, p), k = rope_args(k_heads, positions, p);
   const cuda::KvStoreArgs st = kv_store_args(k_rows, v, cache, slots);
