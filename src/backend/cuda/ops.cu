@@ -91,7 +91,8 @@ __device__ __forceinline__ float glu_value(float gv, float uv, float alpha, floa
 }
 
 // Grid (x blocks per row, rows); each thread takes 4 consecutive elements per step (16-byte
-// accesses when kVector) and a few steps, so that blocks are not too short-lived.
+// accesses when kVector) and, for many rows, a few steps, so that blocks are not too
+// short-lived.
 template <GluKind kKind, bool kVector>
 __global__ void __launch_bounds__(256) glu_kernel(GluArgs a) {
   begin_chained_kernel();
@@ -130,7 +131,9 @@ bool glu_vector(const GluArgs& a) {
 template <GluKind kKind>
 void launch_glu(const GluArgs& a, cudaStream_t stream) {
   const bool vector = glu_vector(a);
-  const int64_t per_block = 256 * 4 * 4;  // 4 steps of 4 elements per thread
+  // Decode rows (a few): one step of 4 elements per thread, so that a 14336-wide row takes 14
+  // blocks rather than 4 latency-bound ones; more rows: 4 steps per thread.
+  const int64_t per_block = 256 * 4 * (a.rows <= 8 ? 1 : 4);
   const dim3 grid(unsigned(std::min<int64_t>((a.n + per_block - 1) / per_block, 1024)), unsigned(a.rows));
   if (vector)
     launch_chained(glu_kernel<kKind, true>, grid, 256, 0, stream, a);
