@@ -20,11 +20,16 @@ using namespace kiln::cuda::testing;
 TEST(CudaRmsNorm, PlainAndWithResidual) {
   KILN_REQUIRE_GPU();
   std::mt19937_64 rng(11);
-  for (int64_t dim : {1, 7, 64, 4097, 8192})
+  // 5 rows with odd strides: the general kernels; 12 rows with 16-byte aligned strides and
+  // widths a multiple of 1024: the prefill kernel that keeps a row in registers.
+  for (int64_t dim : {1, 7, 64, 1024, 4096, 4097, 8192})
+  for (int64_t rows : {int64_t(5), int64_t(12)})
     for (bool residual : {false, true})
       for (bool weighted : {false, true}) {
-        SCOPED_TRACE("dim " + std::to_string(dim) + (residual ? " residual" : "") + (weighted ? " weight" : ""));
-        const int64_t rows = 5, xs = dim + 3, rs = dim + 5, ys = dim + 1;
+        SCOPED_TRACE("dim " + std::to_string(dim) + " rows " + std::to_string(rows) + (residual ? " residual" : "") +
+                     (weighted ? " weight" : ""));
+        const bool aligned = rows > 8;
+        const int64_t xs = dim + (aligned ? 4 : 3), rs = dim + (aligned ? 8 : 5), ys = dim + (aligned ? 12 : 1);
         const std::vector<float> x = random_floats(rng, size_t(rows * xs), -2.0f, 2.0f);
         const std::vector<float> h = random_floats(rng, size_t(rows * rs), -2.0f, 2.0f);
         const std::vector<float> w = random_floats(rng, size_t(dim), 0.5f, 1.5f);
@@ -78,12 +83,16 @@ TEST(CudaRope, NormalNeoxPartialFactorsYarn) {
   const RopeCase cases[] = {{false, 128, 128, false, false}, {true, 128, 128, false, false},
                             {true, 64, 32, false, false},    {false, 128, 128, true, false},
                             {true, 80, 64, true, true},      {false, 256, 200, false, true}};
-  for (const RopeCase& c : cases) {
+  // 9 tokens: a block per token (prefill's grid); 3: blocks of 4 heads (decode's).
+  for (const RopeCase& c : cases)
+  for (const int64_t tokens : {int64_t(9), int64_t(3)}) {
     SCOPED_TRACE(std::string(c.neox ? "neox" : "normal") + " head_dim " + std::to_string(c.head_dim) + " n_rot " +
-                 std::to_string(c.n_rot) + (c.factors ? " factors" : "") + (c.yarn ? " yarn" : ""));
-    const int64_t tokens = 9, heads = 5, head_stride = c.head_dim + 2, token_stride = heads * head_stride + 7;
+                 std::to_string(c.n_rot) + (c.factors ? " factors" : "") + (c.yarn ? " yarn" : "") + " tokens " +
+                 std::to_string(tokens));
+    const int64_t heads = 5, head_stride = c.head_dim + 2, token_stride = heads * head_stride + 7;
     std::vector<float> x = random_floats(rng, size_t(tokens * token_stride), -1.0f, 1.0f);
     std::vector<int32_t> pos = {0, 1, 2, 17, 100, 4095, 8191, 32768, 131071};
+    pos.resize(size_t(tokens));
     const std::vector<float> factors = random_floats(rng, size_t(c.n_rot / 2), 1.0f, 8.0f);
     const DeviceBuffer x_d = to_device(x), pos_d = to_device(pos), f_d = to_device(factors);
     RopeArgs a;

@@ -382,7 +382,6 @@ size_t smem_for(GgmlType type, int64_t cols) {
   return grouped_smem_bytes<GroupQ8_0>(cols);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace detail
 

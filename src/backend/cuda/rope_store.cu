@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
   __syncthreads();
   const int64_t first_head = int64_t(is_k ? y - q_groups : y) * kRopeHeadsPerBlock;
   KV* cache_row = is_k && slot_ok ? static_cast<KV*>(st.cache_k) + slot * st.cache_k_stride : nullptr;
-  rotate_heads(a, t, first_head, cache_row, cos_s, sin_s);
+  rotate_heads(a, t, first_head, kRopeHeadsPerBlock, cache_row, cos_s, sin_s);
 }
 
 }  // namespace detail
