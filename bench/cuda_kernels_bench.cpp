@@ -4,9 +4,10 @@
 // the L2 cache. Prints GB/s of bytes that must move (weights, caches) or TFLOP/s, against
 // the device-to-device copy bandwidth it measures first.
 //
-//   bench_cuda_kernels_bench [--quick | --profile | --matvec]
+//   bench_cuda_kernels_bench [--quick | --profile | --matvec | --matvec-f16]
 //     --profile: a few launches for ncu; --matvec: only the decode matvecs of Llama-3-8B's
-//     layer shapes for q4_0 / q8_0 / q4_K (e.g. to compare KILN_MATVEC_STAGES settings)
+//     layer shapes for q4_0 / q8_0 / q4_K (e.g. to compare KILN_MATVEC_STAGES settings);
+//     --matvec-f16: those shapes in f16, the general float kernel and the grouped 16-bit one
 #include <cublas_v2.h>
 #include <cuda_runtime.h>  // the typed cudaMalloc overloads
 
@@ -24,6 +25,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/matvec.h"
+#include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/ops.h"
 #include "core/half.h"
 #include "quant/types.h"
@@ -195,6 +197,40 @@ void bench_matvec(cudaStream_t s, GgmlType type, int64_t rows, int64_t cols, int
   cudaFree(x);
   cudaFree(y);
   cudaFree(scratch);
+}
+
+// The grouped 16-bit float kernel (matvec_f16_grouped.h) as a decode step launches it: x
+// RMS-normalized inside the launch (`norm`, as for q/k/v and gate/up) or the product added to
+// a residual (`accumulate`, as for o and down). One matrix of all the rows: the stacked parts
+// of a layer move the same bytes.
+void bench_half_grouped(cudaStream_t s, GgmlType type, int64_t rows, int64_t cols, bool norm, bool accumulate) {
+  Rng rng{uint64_t(type) * 7919 + uint64_t(rows) + 1};
+  const std::vector<uint8_t> host = random_weights(type, rows, cols, rng);
+  const Rotation w(host);
+  std::vector<float> xh(static_cast<size_t>(cols)), ones(static_cast<size_t>(cols), 1.0f);
+  for (float& v : xh) v = rng.uniform();
+  float *x = nullptr, *y = nullptr, *residual = nullptr, *norm_w = nullptr, *normed = nullptr;
+  check(cudaMalloc(&x, cols * 4), "malloc");
+  check(cudaMalloc(&norm_w, cols * 4), "malloc");
+  check(cudaMalloc(&normed, cols * 4), "malloc");
+  check(cudaMalloc(&y, rows * 4), "malloc");
+  check(cudaMalloc(&residual, rows * 4), "malloc");
+  cudaMemcpy(x, xh.data(), cols * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(norm_w, ones.data(), cols * 4, cudaMemcpyHostToDevice);
+  cudaMemset(residual, 0, rows * 4);
+  F32Input in;
+  in.x = x;
+  if (norm) in.norm_weight = norm_w, in.eps = 1e-5f, in.normed = normed;
+  const int64_t row_bytes = int64_t(host.size() / rows);
+  const double us = time_graph(s, 20, 15, [&](int i) {
+    const MatvecPart part{w[size_t(i)], rows, nullptr, y, accumulate ? residual : nullptr};
+    check(matvec_half_parts(type, cols, row_bytes, std::span(&part, 1), in, s), "matvec_half_parts");
+  });
+  const double gbs = double(host.size()) / us / 1e3;
+  const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
+  const std::string detail = std::string(type_name(type)) + (norm ? " +norm" : "") + (accumulate ? " +acc" : "");
+  report({"matvec_half_grouped", shape, detail, us, gbs, "GB/s", 100.0 * gbs / g_copy_gbs});
+  for (float* p : {x, y, residual, norm_w, normed}) cudaFree(p);
 }
 
 void bench_gemm(cudaStream_t s, cublasHandle_t blas, GgmlType type, int64_t t, int64_t n, int64_t k, bool quick) {
@@ -420,6 +456,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const bool profile = argc > 1 && std::strcmp(argv[1], "--profile") == 0;
   const bool matvec_only = argc > 1 && std::strcmp(argv[1], "--matvec") == 0;
+  const bool matvec_f16 = argc > 1 && std::strcmp(argv[1], "--matvec-f16") == 0;
   std::string why;
   const auto devices = list_devices(&why);
   if (devices.empty()) {
@@ -447,6 +484,17 @@ int main(int argc, char** argv) {
     const int64_t layer_shapes[4][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
     for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K})
       for (const auto& sh : layer_shapes) bench_matvec(s, t, sh[0], sh[1], 0, 0, false);
+    return 0;
+  }
+  if (matvec_f16) {
+    // Rows x cols and where the step takes them: q/k/v and gate/up with the norm inside,
+    // o and down adding into the residual, then the lm_head.
+    const int64_t shapes[5][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+    const bool with_norm[5] = {true, false, true, false, false}, with_residual[5] = {false, true, false, true, false};
+    for (const auto& sh : shapes) bench_matvec(s, GgmlType::F16, sh[0], sh[1], 0, 0, false);
+    for (int i = 0; i < 5; ++i)
+      bench_half_grouped(s, GgmlType::F16, shapes[i][0], shapes[i][1], with_norm[i], with_residual[i]);
+    bench_half_grouped(s, GgmlType::BF16, 28672, 4096, true, false);
     return 0;
   }
   const int64_t shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};

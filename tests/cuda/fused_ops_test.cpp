@@ -152,7 +152,7 @@ TEST_F(FusedOps, NormInsideProductsMatchesProductsOfTheNormedVector) {
 
 TEST_F(FusedOps, MatmulAddWritesTheProductAndAddsItToTheResidual) {
   const int64_t K = 4096, N = 300;
-  // f16 weights are not grouped-kernel weights: the composed ops run.
+  // f16 weights: the 16-bit float grouped kernel, in matmul_add and in matmul alike.
   for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16}) {
     for (int64_t T : {1, 3}) {
       // x fresh (quantized inside the product), or left by rmsnorm with its int8 copy.

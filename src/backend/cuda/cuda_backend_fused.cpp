@@ -3,13 +3,15 @@
 //   - rmsnorm_matmul_parts: the same with the input's RMS norm computed inside the launch
 //     (every block normalizes and quantizes x itself; no norm kernel runs before);
 //   - matmul_add: a product whose epilogue also adds it to the residual stream.
-// Anything the grouped kernel does not take (exact mode, weight types other than q4_0 /
-// q8_0 / q4_K, mixed types or widths) runs as the composed ops of backend.h; prefill
-// batches of matmul_parts go to cuda_backend_prefill.cpp.
+// q4_0 / q8_0 / q4_K weights go to the grouped int8 kernel (matvec_grouped.h), f16 / bf16
+// weights to the grouped 16-bit float kernel (matvec_f16_grouped.h), which takes x in f32.
+// Anything neither takes (exact mode, other weight types, mixed types or widths) runs as the
+// composed ops of backend.h; prefill batches of matmul_parts go to cuda_backend_prefill.cpp.
 #include <array>
 #include <optional>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/matvec_grouped.h"
 
 namespace kiln {
@@ -36,16 +38,19 @@ bool overlaps(const float* a, int64_t a_floats, const float* b, int64_t b_floats
 // Floats spanned by the T rows of a packed f32 tensor.
 int64_t span_floats(const Tensor& t) { return (t.ne[1] - 1) * int64_t(t.nb[1] / 4) + t.ne[0]; }
 
-// The weight type when the grouped kernel can take these parts over x in one launch per
-// token: decode batch, one quantized type of the kernel's, one width, packed f32 outputs
-// that do not overlap x.
+bool half_type(GgmlType t) { return t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// The weight type when a grouped kernel can take these parts over x in one launch per
+// token: decode batch, one weight type of the kernels', one width, packed f32 outputs that
+// do not overlap x, token rows of x 16-byte aligned.
 std::optional<GgmlType> grouped_type(const CudaOptions& o, const Tensor& x, std::span<const Backend::MatmulPart> parts) {
   const int64_t K = x.ne[0], T = x.ne[1];
   if (o.exact || !o.fused || parts.empty() || parts.size() > size_t(cuda::kMaxMatvecParts) || !packed_f32(x) ||
-      T > kMaxTokens)
+      T > kMaxTokens || x.nb[1] % 16 != 0)
     return std::nullopt;
   const GgmlType type = parts[0].w->dtype;
-  if (type != GgmlType::Q4_0 && type != GgmlType::Q8_0 && type != GgmlType::Q4_K) return std::nullopt;
+  if (type != GgmlType::Q4_0 && type != GgmlType::Q8_0 && type != GgmlType::Q4_K && !half_type(type))
+    return std::nullopt;
   for (const Backend::MatmulPart& p : parts) {
     KILN_CHECK(p.w && p.out, "cuda matmul_parts: a part lacks its weight or output");
     const Tensor& w = *p.w;
@@ -99,6 +104,18 @@ void hash_parts(cuda::SignatureHash& h, std::span<const Backend::MatmulPart> par
   }
 }
 
+// The launch over f32 x for either kernel family (the int8 one quantizes x in every block).
+bool f32_parts_fit(GgmlType type, int64_t cols, int64_t w_row, std::span<const cuda::MatvecPart> parts,
+                   const cuda::F32Input& in) {
+  if (half_type(type)) return cuda::matvec_half_parts_fit(type, cols, w_row, parts, in);
+  return cuda::matvec_parts_f32_fit(type, cols, w_row, parts, in);
+}
+cuda::Status f32_parts(GgmlType type, int64_t cols, int64_t w_row, std::span<const cuda::MatvecPart> parts,
+                       const cuda::F32Input& in, cudaStream_t s) {
+  if (half_type(type)) return cuda::matvec_half_parts(type, cols, w_row, parts, in, s);
+  return cuda::matvec_f32_parts(type, cols, w_row, parts, in, s);
+}
+
 }  // namespace cuda_fused
 
 void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
@@ -124,8 +141,9 @@ void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bia
   record_grouped(x, *type, std::span(&part, 1), &residual);
 }
 
-// One launch per token over x: reusing the int8 copy an earlier op left of x (rmsnorm, glu,
-// a product over the same x), else quantizing x inside the launch.
+// One launch per token over x: f16 / bf16 weights take x as it is; int8 weights reuse the
+// int8 copy an earlier op left of x (rmsnorm, glu, a product over the same x), else quantize
+// x inside the launch.
 void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts,
                                  Tensor* residual) {
   using namespace cuda_fused;
@@ -138,11 +156,12 @@ void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const
   const int64_t w_row = int64_t(parts[0].w->nb[1]), xs = int64_t(x.nb[1] / 4);
   const float* xp = x.as<float>();
   const QuantizedInput input{xp, K, T, xs, q8};
-  const bool reuse = quantized_input_ == input;
+  const bool half = half_type(type);
+  const bool reuse = !half && quantized_input_ == input;
   cuda::F32Input f32;
   f32.x = xp;
-  const bool from_f32 = !reuse && cuda::matvec_parts_f32_fit(type, K, w_row, g.view(g.mv), f32);
-  if (!from_f32 && !cuda::matvec_parts_fit(type, K, w_row, g.view(g.mv), cuda::q8_vector_in(q8, K))) {
+  const bool from_f32 = !reuse && f32_parts_fit(type, K, w_row, g.view(g.mv), f32);
+  if (!from_f32 && (half || !cuda::matvec_parts_fit(type, K, w_row, g.view(g.mv), cuda::q8_vector_in(q8, K)))) {
     // Alignment or width the grouped kernel does not take: the plain ops.
     if (!accumulate) return Backend::matmul_parts(x, parts);
     matmul(x, *parts[0].w, parts[0].bias ? *parts[0].bias : Tensor{}, *parts[0].out);
@@ -158,7 +177,7 @@ void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const
       if (from_f32) {
         cuda::F32Input in;
         in.x = xp + t * xs;
-        if (cuda::Status st = cuda::matvec_f32_parts(type, K, w_row, g.view(row), in, s); !st.ok()) return st;
+        if (cuda::Status st = f32_parts(type, K, w_row, g.view(row), in, s); !st.ok()) return st;
         continue;
       }
       const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
@@ -179,7 +198,7 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
   const std::optional<GgmlType> type = grouped_type(options_, normed, parts);
   const int64_t K = x.ne[0], T = x.ne[1];
   bool fits = type && packed_f32(x) && packed_f32(normed) && normed.ne[0] == K && normed.ne[1] == T &&
-              packed_f32(norm_weight) && norm_weight.elements() == K &&
+              x.nb[1] % 16 == 0 && normed.nb[1] % 16 == 0 && packed_f32(norm_weight) && norm_weight.elements() == K &&
               !overlaps(normed.as<float>(), span_floats(normed), x.as<float>(), span_floats(x));
   for (const MatmulPart& p : parts)
     fits = fits && !overlaps(p.out->as<float>(), span_floats(*p.out), x.as<float>(), span_floats(x));
@@ -187,7 +206,7 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
   const int64_t w_row = fits ? int64_t(parts[0].w->nb[1]) : 0;
   cuda::F32Input in;
   in.x = x.as<float>(), in.norm_weight = norm_weight.as<float>(), in.eps = eps, in.normed = normed.as<float>();
-  if (!fits || !cuda::matvec_parts_f32_fit(*type, K, w_row, g.view(g.mv), in))
+  if (!fits || !f32_parts_fit(*type, K, w_row, g.view(g.mv), in))
     return Backend::rmsnorm_matmul_parts(x, norm_weight, eps, normed, parts);
 
   const int64_t xs = int64_t(x.nb[1] / 4), ns = int64_t(normed.nb[1] / 4);
@@ -202,7 +221,7 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
       cuda::F32Input token_in = in;
       token_in.x += t * xs;
       token_in.normed += t * ns;
-      if (cuda::Status st = cuda::matvec_f32_parts(t_type, K, w_row, g.view(row), token_in, s); !st.ok()) return st;
+      if (cuda::Status st = f32_parts(t_type, K, w_row, g.view(row), token_in, s); !st.ok()) return st;
     }
     return cuda::Status();
   }, "rmsnorm_matmul_parts");

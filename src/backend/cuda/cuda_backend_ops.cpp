@@ -8,6 +8,7 @@
 #include "backend/cuda/dequant.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/matvec.h"
+#include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_extra.h"
 #include "backend/cuda/prefill_attention.h"
@@ -251,6 +252,32 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
       KILN_CHECK(bias.elements() == N, "cuda matmul: bias {} has {} elements for {} outputs", bias.name,
                  bias.elements(), N);
       bp = bias.as<float>();
+    }
+    // f16 / bf16 weights (the lm_head of a 16-bit model): the grouped kernel with one part,
+    // which requests its first weights before waiting for the kernel that writes x. Its
+    // blocks stage x into shared memory, so y must not overlap x.
+    const bool half = (type == GgmlType::F16 || type == GgmlType::BF16) && options_.fused;
+    const auto* x_begin = reinterpret_cast<const uint8_t*>(xp);
+    const auto* x_end = x_begin + size_t((T - 1) * xs + K) * sizeof(float);
+    const auto* y_begin = reinterpret_cast<const uint8_t*>(yp);
+    const auto* y_end = y_begin + size_t((T - 1) * ys + N) * sizeof(float);
+    cuda::MatvecPart part{wp, N, bp, yp, nullptr};
+    cuda::F32Input in;
+    in.x = xp;
+    if (half && xs % 4 == 0 && (y_end <= x_begin || x_end <= y_begin) &&
+        cuda::matvec_half_parts_fit(type, K, w_row, std::span(&part, 1), in)) {
+      record(Sig(Op::Matmul).t(x).t(w).t(bias).t(out).v(half).h, T, [=](cudaStream_t s) {
+        for (int64_t t = 0; t < T; ++t) {
+          cuda::MatvecPart row = part;
+          row.y = yp + t * ys;
+          cuda::F32Input token_in;
+          token_in.x = xp + t * xs;
+          if (cuda::Status st = cuda::matvec_half_parts(type, K, w_row, std::span(&row, 1), token_in, s); !st.ok())
+            return st;
+        }
+        return cuda::Status();
+      }, "matmul");
+      return;
     }
     record(Sig(Op::Matmul).t(x).t(w).t(bias).t(out).h, T, [=](cudaStream_t s) {
       for (int64_t t = 0; t < T; ++t) {

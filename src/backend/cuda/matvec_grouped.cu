@@ -18,6 +18,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/matvec_segments.cuh"
 
 #include <climits>
 #include <string>
@@ -113,33 +114,6 @@ size_t grouped_smem_bytes(int64_t cols) {
   return size_t(groups) * (kXGroupBytes + kDsGroupBytes) +
          size_t(kGroupedWarps) * kGroupedStages * kWarpSize * group_bytes<Fmt>();
 }
-
-// The matrices of one launch, stacked by rows: global row r belongs to the first part whose
-// end exceeds r (ends of unused parts are INT_MAX). Several products of one x (q/k/v, gate/up)
-// thus cost one launch, and the small k/v matrices ride in the large one's waves.
-struct GroupedSegments {
-  const uint8_t* w[kMaxMatvecParts];
-  const float* add[kMaxMatvecParts];
-  float* y[kMaxMatvecParts];
-  float* acc[kMaxMatvecParts];
-  int end[kMaxMatvecParts];
-  __device__ __forceinline__ int part_of(int row) const {
-    int p = 0;
-#pragma unroll
-    for (int i = 0; i + 1 < kMaxMatvecParts; ++i) p += row >= end[i] ? 1 : 0;
-    return p;
-  }
-  // Selects instead of a run-time index: an indexed kernel parameter would be copied to local
-  // memory (a stack frame in the compiler's report).
-  template <typename T>
-  __device__ __forceinline__ static T pick(const T (&v)[kMaxMatvecParts], int part) {
-    T r = v[0];
-#pragma unroll
-    for (int i = 1; i < kMaxMatvecParts; ++i) r = part == i ? v[i] : r;
-    return r;
-  }
-  __device__ __forceinline__ int first_row(int part) const { return part == 0 ? 0 : pick(end, part - 1); }
-};
 
 // f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
 // layout the kernel reads: 8 lanes per block of 32 values, all loads issued before any
@@ -353,27 +327,6 @@ Status dispatch_type(GgmlType type, const GroupedSegments& seg, int64_t total_ro
   if (type == GgmlType::Q4_K)
     return dispatch_grouped<GroupQ4_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
   return dispatch_grouped<GroupQ8_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
-}
-
-// The parts stacked by rows (see GroupedSegments); unused slots end at INT_MAX.
-GroupedSegments segments_of(std::span<const MatvecPart> parts, int64_t* total_rows) {
-  GroupedSegments seg{};
-  int64_t total = 0;
-  for (int i = 0; i < kMaxMatvecParts; ++i) {
-    if (size_t(i) < parts.size()) {
-      const MatvecPart& p = parts[size_t(i)];
-      seg.w[i] = static_cast<const uint8_t*>(p.w);
-      seg.add[i] = p.add;
-      seg.y[i] = p.y;
-      seg.acc[i] = p.accumulate;
-      total += p.rows;
-      seg.end[i] = int(total);
-    } else {
-      seg.end[i] = INT_MAX;
-    }
-  }
-  *total_rows = total;
-  return seg;
 }
 
 size_t smem_for(GgmlType type, int64_t cols) {
