@@ -2,8 +2,8 @@
 # One GPU-machine run for the f16 / bf16 decode path: build, the CUDA tests that cover it
 # (and the architecture references), the kernel benchmark of the f16 matvecs, then a
 # synthetic Llama-3-8B F16 model: `kiln bench -p 512 -n 128 -r 3`, the same decode with the
-# fused paths off (KILN_CUDA_FUSED=0, the composed ops), GPU time per decode step and a
-# per-op profile of decode. Each step has its own time limit; logs go to $OUT.
+# fused paths off (KILN_CUDA_FUSED=0, the composed ops) and with other L2 prefetch sizes
+# (PREFETCH_AB, bytes per warp), GPU time per decode step and a per-op profile of decode. Each step has its own time limit; logs go to $OUT.
 #
 #   scripts/gpu-f16-check.sh [source dir] [test filter]
 # Needs .devicedeps (PCRE2 packages) carried; reference data from $KILN_TESTDATA.
@@ -44,6 +44,11 @@ grep -E "pp512|tg128" "$OUT/bench.log"
 KILN_CUDA_FUSED=0 timeout 60 $K bench -m $M -p 0 -n 128 -r 3 --device cuda > "$OUT/bench-unfused.log" 2>&1
 say "bench, fused paths off, exit $?"
 grep -E "tg128" "$OUT/bench-unfused.log"
+for bytes in ${PREFETCH_AB:-0 16384}; do  # the L2 prefetch per warp against its default
+  KILN_CUDA_HALF_PREFETCH=$bytes timeout 60 $K bench -m $M -p 0 -n 128 -r 3 --device cuda > "$OUT/bench-prefetch$bytes.log" 2>&1
+  say "bench, KILN_CUDA_HALF_PREFETCH=$bytes, exit $?"
+  grep -E "tg128" "$OUT/bench-prefetch$bytes.log"
+done
 KILN_CUDA_STEP_TIMING=1 timeout 60 $K bench -m $M -p 0 -n 128 -r 1 --device cuda > "$OUT/steptime.log" 2>&1
 say "step timing exit $?"
 grep -iE "step|ms" "$OUT/steptime.log" | tail -5
