@@ -3,7 +3,8 @@
 # (and the architecture references), the kernel benchmark of the f16 matvecs, then a
 # synthetic Llama-3-8B F16 model: `kiln bench -p 512 -n 128 -r 3`, the same decode with the
 # fused paths off (KILN_CUDA_FUSED=0, the composed ops) and with other L2 prefetch sizes
-# (PREFETCH_AB, bytes per warp), GPU time per decode step and a per-op profile of decode. Each step has its own time limit; logs go to $OUT.
+# (PREFETCH_AB, bytes per warp), GPU time per decode step and a per-op profile of decode.
+# Each step has its own time limit; logs go to $OUT.
 #
 #   scripts/gpu-f16-check.sh [source dir] [test filter]
 # Needs .devicedeps (PCRE2 packages) carried; reference data from $KILN_TESTDATA.
