@@ -162,7 +162,7 @@ TEST(MatvecHalfGrouped, AwkwardShapesPartsNormAndResidual) {
 
 // The shapes of a Llama-3-8B decode layer, as the backend launches them: q/k/v and gate/up
 // after the norm, o and down adding into the residual. The grid is smaller than the rows,
-// so every warp owns several rows.
+// so every block owns several rows.
 TEST(MatvecHalfGrouped, LlamaLayerShapes) {
   KILN_REQUIRE_GPU();
   std::mt19937_64 rng(7);
@@ -171,6 +171,9 @@ TEST(MatvecHalfGrouped, LlamaLayerShapes) {
       {GgmlType::F16, 4096, 0, {{14336, false, false}, {14336, false, false}}, true, true},
       {GgmlType::F16, 4096, 0, {{4096, false, true}}, false, false},
       {GgmlType::BF16, 14336, 0, {{4096, true, true}}, false, false},
+      // 16384 columns with the norm weights: one block per SM and a block's rows in several
+      // rounds of 32 (kPartials / 8 chunks), a part boundary inside a block's range.
+      {GgmlType::F16, 16384, 0, {{2000, false, false}, {2400, true, true}}, true, true},
   };
   for (const Case& c : cases) run_case(c, rng);
 }
