@@ -171,8 +171,8 @@ TEST(MatvecHalfGrouped, LlamaLayerShapes) {
       {GgmlType::F16, 4096, 0, {{14336, false, false}, {14336, false, false}}, true, true},
       {GgmlType::F16, 4096, 0, {{4096, false, true}}, false, false},
       {GgmlType::BF16, 14336, 0, {{4096, true, true}}, false, false},
-      // 16384 columns with the norm weights: one block per SM and a block's rows in several
-      // rounds of 32 (kPartials / 8 chunks), a part boundary inside a block's range.
+      // The widest x the kernel takes, 8 chunks per row; 4400 rows: each warp owns one or two
+      // rows, a part boundary among them.
       {GgmlType::F16, 16384, 0, {{2000, false, false}, {2400, true, true}}, true, true},
   };
   for (const Case& c : cases) run_case(c, rng);

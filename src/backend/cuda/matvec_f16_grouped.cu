@@ -1,44 +1,39 @@
 // Decode matvec for f16 and bf16 weights, several parts per launch (see matvec_f16_grouped.h).
 //
 // A 16-bit weight is used once per token, so moving the bytes is the whole cost: the kernel
-// must keep enough loads in flight to stream at the copy bandwidth, keep every warp busy to
-// the end, and do little else.
-//   - Work items: a row's columns in chunks of kChunkCols (2048). Each block of the grid
-//     (sized to the resident capacity) owns a contiguous range of the stacked rows, as equal
-//     as division makes them, and its warps take that range's items in turn, so warps and
-//     blocks end together whatever the row count. A warp's sum over an item goes to shared
-//     memory; the block adds each row's chunks in chunk order (deterministic, independent of
-//     the grid) and writes the row.
-//   - An item is 8 16-byte loads per lane (8 weights each), issued together straight into
-//     registers -- 16-bit rows are 16-byte aligned, so nothing needs staging -- the 32 lanes
-//     of one load covering 512 consecutive bytes.
-//   - Before wait_for_previous_kernels(), which only the activations need, each warp loads
-//     its first item and the block copies the norm weights to shared memory: no kernel of
+// must keep enough loads in flight to stream at the copy bandwidth and do little else.
+//   - A block of kHalfWarps warps stays resident (grid sized to the resident capacity); warp
+//     w of the grid owns rows w, w + W, w + 2W, ... of the stacked parts (W warps in all).
+//   - A warp reads its row in chunks of kChunkCols columns: every lane issues kLoadsInFlight
+//     16-byte loads (8 weights each) at once, straight into registers -- 16-bit rows are
+//     16-byte aligned, so nothing needs staging -- and the 32 lanes of one load cover 512
+//     consecutive bytes.
+//   - The warp's first chunk is requested before wait_for_previous_kernels(): no kernel of
 //     the step writes weights, so they stream in while the kernel before drains.
-//   - x is then copied to shared memory (asynchronous 16-byte copies: one round trip for any
-//     width) in an order that gives each lane its 8 values in two conflict-free 16-byte
-//     reads, and RMS-normalized there when asked.
-// Sums: two f32 accumulators per lane, a warp reduction, then the chunks in order.
+//   - x (RMS-normalized when asked) is staged once per block into shared memory as f32, in
+//     an order that gives each lane its 8 values in two conflict-free 16-byte reads.
+// Sums: two f32 accumulators per lane, then a warp reduction.
 //
-// Version 1 gave each warp whole rows (w, w + W, ...): at 6144 or 4096 rows some warps had
-// twice the rows of others and the launch ran 3-4 us past its bytes (docs/perf-notes.md).
+// Measured and not kept (docs/perf-notes.md, "F16 decode through a grouped kernel"): an L2
+// bulk prefetch of each warp's next weights before the wait (tg128 -4%), and blocks of 8
+// warps taking (row, chunk) items of a contiguous row range (1.3-2x slower launches).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/matvec_segments.cuh"
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 namespace kiln::cuda {
 namespace detail {
 
-constexpr int kLoadsInFlight = 8;                        // 16-byte loads per lane and item
+constexpr int kHalfWarps = 16;
+constexpr int kHalfThreads = kHalfWarps * kWarpSize;
+constexpr int kLoadsInFlight = 8;                        // 16-byte loads per lane and chunk
 constexpr int kSpanCols = 8 * kWarpSize;                 // the columns of one load of a warp
-constexpr int kChunkCols = kSpanCols * kLoadsInFlight;   // 2048: one item
-constexpr int kPartials = 256;                           // item sums a block holds per round
-static_assert(kPartials >= int(kMaxHalfMatvecCols) / kChunkCols, "a round holds at least one whole row");
+constexpr int kChunkCols = kSpanCols * kLoadsInFlight;   // 2048
+constexpr int kStageBatch = 4;                           // float4s of x per thread in flight when staging
+constexpr int kStageStep = kHalfThreads * 4;             // columns a block stages per float4 step
 
 struct HalfF16 {
   __device__ static void unpack(const uint4& u, float (&v)[8]) {
@@ -63,7 +58,7 @@ struct HalfBF16 {
 };
 
 // 16 bytes of weights through the read-only path, not kept in L1 (each byte is used once).
-// volatile keeps the loads where they are written: the first item before the wait for the
+// volatile keeps the loads where they are written: the first chunk before the wait for the
 // previous kernel (a plain load could be moved after it, next to its first use).
 __device__ __forceinline__ uint4 load_weights_16(const void* p) {
   uint4 v;
@@ -81,75 +76,84 @@ __device__ __forceinline__ int x_slot(int c) {
   return int((u / kSpanCols) * kSpanCols + ((u / 4) % 2) * (kSpanCols / 2) + ((u % kSpanCols) / 8) * 4);
 }
 
-// Floats of one vector of `cols` in x_slot order (whole spans).
-__host__ __device__ constexpr int slot_floats(int cols) { return (cols + kSpanCols - 1) / kSpanCols * kSpanCols; }
-
-size_t half_smem_bytes(int64_t cols, bool norm) {
-  return size_t(slot_floats(int(cols))) * sizeof(float) * (norm ? 2 : 1);
+// Shared memory of a block: x in x_slot order, whole spans.
+size_t half_smem_bytes(int64_t cols) {
+  return size_t((cols + kSpanCols - 1) / kSpanCols) * kSpanCols * sizeof(float);
 }
 
-// A vector of `cols` floats from global to shared memory in x_slot order, with 16-byte
-// asynchronous copies (committed as one group by the caller).
-template <int kThreads>
-__device__ __forceinline__ void copy_in_slot_order(const float* src, int cols, float* dst) {
-  for (int i = int(threadIdx.x) * 4; i < cols; i += kThreads * 4) cp_async_16(dst + x_slot(i), src + i);
-}
-
-// x_s <- x_s / rms(x_s) * g_s as rmsnorm() computes it (the same rounding steps); block
-// s % grid writes step s of the result to `normed`. Each thread works on the slots it copied
-// in, so only the sum needs the block.
-template <int kThreads>
-__device__ void normalize_in_place(float* x_s, const float* g_s, int cols, float eps, float* normed) {
-  constexpr int kWarps = kThreads / kWarpSize;
-  __shared__ float partial[kWarps];
+// x into shared memory in x_slot order, normalized as rmsnorm() does (x / rms(x) * weight,
+// the same rounding steps) when in.norm_weight is set; block s % grid then writes step s of
+// the normalized vector to in.normed. Loads go out kStageBatch at a time so that the block
+// waits for L2 about once per batch. The caller synchronizes the block afterwards.
+__device__ void stage_input(const F32Input& in, int cols, float* x_s) {
+  __shared__ float partial[kHalfWarps];
+  const int tid = threadIdx.x;
   float sum_sq = 0.0f;
-  for (int i = int(threadIdx.x) * 4; i < cols; i += kThreads * 4) {
-    const float4 v = *reinterpret_cast<const float4*>(x_s + x_slot(i));
-    sum_sq = fmaf(v.x, v.x, sum_sq);
-    sum_sq = fmaf(v.y, v.y, sum_sq);
-    sum_sq = fmaf(v.z, v.z, sum_sq);
-    sum_sq = fmaf(v.w, v.w, sum_sq);
+  for (int base = 0; base < cols; base += kStageStep * kStageBatch) {
+    float4 v[kStageBatch];
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = base + b * kStageStep + tid * 4;
+      v[b] = i < cols ? *reinterpret_cast<const float4*>(in.x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = base + b * kStageStep + tid * 4;
+      if (i >= cols) break;
+      sum_sq = fmaf(v[b].x, v[b].x, sum_sq);
+      sum_sq = fmaf(v[b].y, v[b].y, sum_sq);
+      sum_sq = fmaf(v[b].z, v[b].z, sum_sq);
+      sum_sq = fmaf(v[b].w, v[b].w, sum_sq);
+      *reinterpret_cast<float4*>(x_s + x_slot(i)) = v[b];
+    }
   }
+  if (!in.norm_weight) return;
+
   sum_sq = warp_sum(sum_sq);
-  if (threadIdx.x % kWarpSize == 0) partial[threadIdx.x / kWarpSize] = sum_sq;
+  if (tid % kWarpSize == 0) partial[tid / kWarpSize] = sum_sq;
   __syncthreads();
   float total = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += partial[w];
-  const float inv = rsqrtf(total / float(cols) + eps);  // rmsnorm()'s formula
-  for (int i = int(threadIdx.x) * 4, step = 0; i < cols; i += kThreads * 4, ++step) {
-    float4* slot = reinterpret_cast<float4*>(x_s + x_slot(i));
-    const float4 g = *reinterpret_cast<const float4*>(g_s + x_slot(i));
-    float4 v = *slot;
-    v.x = __fmul_rn(__fmul_rn(v.x, inv), g.x);
-    v.y = __fmul_rn(__fmul_rn(v.y, inv), g.y);
-    v.z = __fmul_rn(__fmul_rn(v.z, inv), g.z);
-    v.w = __fmul_rn(__fmul_rn(v.w, inv), g.w);
-    *slot = v;
-    // Every block computed the whole vector; one block writes each step of it.
-    if (normed && step % int(gridDim.x) == int(blockIdx.x)) *reinterpret_cast<float4*>(normed + i) = v;
+  for (int w = 0; w < kHalfWarps; ++w) total += partial[w];
+  const float inv = rsqrtf(total / float(cols) + in.eps);  // rmsnorm()'s formula
+  // Each thread rescales the very elements it stored above: no barrier needed in between.
+  for (int base = 0; base < cols; base += kStageStep * kStageBatch) {
+    float4 g[kStageBatch];
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = base + b * kStageStep + tid * 4;
+      g[b] = i < cols ? *reinterpret_cast<const float4*>(in.norm_weight + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = base + b * kStageStep + tid * 4;
+      if (i >= cols) break;
+      float4* slot = reinterpret_cast<float4*>(x_s + x_slot(i));
+      float4 v = *slot;
+      v.x = __fmul_rn(__fmul_rn(v.x, inv), g[b].x);
+      v.y = __fmul_rn(__fmul_rn(v.y, inv), g[b].y);
+      v.z = __fmul_rn(__fmul_rn(v.z, inv), g[b].z);
+      v.w = __fmul_rn(__fmul_rn(v.w, inv), g[b].w);
+      *slot = v;
+      // Every block computed the whole vector; one block writes each step of it.
+      if (in.normed && (i / kStageStep) % int(gridDim.x) == int(blockIdx.x))
+        *reinterpret_cast<float4*>(in.normed + i) = v;
+    }
   }
 }
 
-template <typename Weights, int kWarps>
-__global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps)
+template <typename Weights>
+__global__ void __launch_bounds__(kHalfThreads, 2)
     matvec_half_kernel(GroupedSegments seg, int64_t w_row_bytes, int rows, int cols, F32Input in) {
-  constexpr int kThreads = kWarps * kWarpSize;
-  extern __shared__ __align__(16) float smem[];
-  float* x_s = smem;                      // [slot_floats(cols)] x, then x normalized
-  float* g_s = smem + slot_floats(cols);  // [slot_floats(cols)] the norm weights, when normalizing
-  __shared__ float item_sum[kPartials];   // [row of the round][chunk]
-
+  extern __shared__ __align__(16) float x_s[];  // [half_smem_bytes(cols) / 4], x_slot order
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int pieces = cols / 8;  // 16-byte pieces of a row
   const int chunks = (cols + kChunkCols - 1) / kChunkCols;
-  const int rows_per_round = kPartials / chunks;
-  const int row_end = int(int64_t(blockIdx.x + 1) * rows / gridDim.x);
-  int round_row = int(int64_t(blockIdx.x) * rows / gridDim.x);
-  auto items_from = [&](int row) { return min(row_end - row, rows_per_round) * chunks; };
+  const int warps_total = int(gridDim.x) * kHalfWarps;
+  const int first_row = int(blockIdx.x) * kHalfWarps + warp;
 
   uint4 w[kLoadsInFlight];
-  auto load_item = [&](int row, int chunk) {
+  auto load_chunk = [&](int row, int chunk) {
     const int part = seg.part_of(row);
     const uint8_t* row_start = GroupedSegments::pick(seg.w, part) + int64_t(row - seg.first_row(part)) * w_row_bytes;
     const int first_piece = chunk * (kChunkCols / 8) + lane;
@@ -159,28 +163,17 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps)
       w[u] = first_piece + u * kWarpSize < pieces ? load_weights_16(src + u * kWarpSize) : make_uint4(0, 0, 0, 0);
   };
 
-  int items = items_from(round_row);
-  if (warp < items) load_item(round_row + warp / chunks, warp % chunks);
-  if (in.norm_weight) copy_in_slot_order<kThreads>(in.norm_weight, cols, g_s);
-  cp_async_commit();
+  if (first_row < rows) load_chunk(first_row, 0);
   wait_for_previous_kernels();
   allow_next_kernel();
-  copy_in_slot_order<kThreads>(in.x, cols, x_s);
-  cp_async_commit();
-  cp_async_wait<0>();
-  if (in.norm_weight) normalize_in_place<kThreads>(x_s, g_s, cols, in.eps, in.normed);
+  stage_input(in, cols, x_s);
   __syncthreads();
 
   const float4* x4 = reinterpret_cast<const float4*>(x_s);
-  bool loaded = warp < items;  // w holds this warp's first item of the round
-  while (items > 0) {
-    const int round_rows = items / chunks;
-    const int next_items = items_from(round_row + round_rows);
-    for (int i = warp; i < items; i += kWarps) {
-      const int chunk = i % chunks;
-      if (!loaded) load_item(round_row + i / chunks, chunk);
-      loaded = false;
-      float acc0 = 0.0f, acc1 = 0.0f;
+  for (int row = first_row; row < rows; row += warps_total) {
+    float acc0 = 0.0f, acc1 = 0.0f;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      if (row != first_row || chunk != 0) load_chunk(row, chunk);
 #pragma unroll
       for (int u = 0; u < kLoadsInFlight; ++u) {
         const int span = chunk * kLoadsInFlight + u;
@@ -193,17 +186,9 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps)
         acc0 = fmaf(v[4], b.x, acc0), acc1 = fmaf(v[5], b.y, acc1);
         acc0 = fmaf(v[6], b.z, acc0), acc1 = fmaf(v[7], b.w, acc1);
       }
-      const float sum = warp_sum(acc0 + acc1);
-      if (lane == 0) item_sum[i] = sum;
     }
-    // This warp's first item of the next round goes out before the block meets.
-    loaded = warp < next_items;
-    if (loaded) load_item(round_row + round_rows + warp / chunks, warp % chunks);
-    __syncthreads();
-    for (int r = threadIdx.x; r < round_rows; r += kThreads) {
-      float sum = 0.0f;
-      for (int c = 0; c < chunks; ++c) sum += item_sum[r * chunks + c];
-      const int row = round_row + r;
+    const float sum = warp_sum(acc0 + acc1);
+    if (lane == 0) {
       const int part = seg.part_of(row);
       const int local = row - seg.first_row(part);
       const float* add = GroupedSegments::pick(seg.add, part);
@@ -211,63 +196,39 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 32 / kWarps)
       GroupedSegments::pick(seg.y, part)[local] = y;
       if (float* residual = GroupedSegments::pick(seg.acc, part)) residual[local] += y;
     }
-    round_row += round_rows;
-    items = next_items;
-    if (items > 0) __syncthreads();  // item_sum is refilled
   }
-}
-
-// Warps per block: 8 unless KILN_CUDA_HALF_WARPS=16 (for measurements).
-int half_block_warps() {
-  static const int warps = [] {
-    const char* env = std::getenv("KILN_CUDA_HALF_WARPS");
-    return env && std::strcmp(env, "16") == 0 ? 16 : 8;
-  }();
-  return warps;
-}
-
-template <typename Weights, int kWarps>
-Status launch_half(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                   const F32Input& in, cudaStream_t stream) {
-  auto kernel = matvec_half_kernel<Weights, kWarps>;
-  constexpr int kThreads = kWarps * kWarpSize;
-  const size_t smem = half_smem_bytes(cols, in.norm_weight != nullptr);
-  // Per kernel: the dynamic shared-memory limit raised once to the largest need; resident
-  // blocks per SM for the last few sizes seen.
-  static int sms = 0;
-  static size_t sizes[4] = {};
-  static int per_sm[4] = {};
-  if (sms == 0) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(half_smem_bytes(kMaxHalfMatvecCols, true)));
-        e != cudaSuccess)
-      return Status::from_cuda(e, "cudaFuncSetAttribute (matvec_half_kernel)");
-    int device = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  int slot = 0;
-  while (slot < 4 && sizes[slot] != smem && sizes[slot] != 0) ++slot;
-  if (slot == 4) slot = 0, sizes[0] = 0;  // evict the first
-  if (sizes[slot] != smem) {
-    int blocks = 0;
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem); e != cudaSuccess)
-      return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (matvec_half_kernel)");
-    sizes[slot] = smem, per_sm[slot] = max(1, blocks);
-  }
-  // Enough blocks for every warp to have an item, at most what is resident at once.
-  const int64_t chunks = (cols + kChunkCols - 1) / kChunkCols;
-  const int64_t blocks_needed = (total_rows * chunks + kWarps - 1) / kWarps;
-  const int grid = int(min64(blocks_needed, int64_t(per_sm[slot]) * max(1, sms)));
-  launch_chained(kernel, grid, kThreads, smem, stream, seg, w_row_bytes, int(total_rows), int(cols), in);
-  return launch_status("matvec_half_kernel");
 }
 
 template <typename Weights>
-Status dispatch_warps(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                      const F32Input& in, cudaStream_t stream) {
-  if (half_block_warps() == 16) return launch_half<Weights, 16>(seg, total_rows, cols, w_row_bytes, in, stream);
-  return launch_half<Weights, 8>(seg, total_rows, cols, w_row_bytes, in, stream);
+Status launch_half(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
+                   const F32Input& in, cudaStream_t stream) {
+  auto kernel = matvec_half_kernel<Weights>;
+  // Once per kernel: the dynamic shared-memory limit raised to the widest x, the shared
+  // memory / L1 split set to the most shared memory (so that the resident blocks counted here
+  // are what the SMs take), and the resident blocks per SM at that width (registers allow 2;
+  // narrower x fits no fewer).
+  static int blocks_per_sm = 0, sms = 0;
+  if (blocks_per_sm == 0) {
+    const size_t max_smem = half_smem_bytes(kMaxHalfMatvecCols);
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem));
+        e != cudaSuccess)
+      return Status::from_cuda(e, "cudaFuncSetAttribute (matvec_half_kernel)");
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)) !=
+        cudaSuccess)
+      cudaGetLastError();  // a preference only: not an error of this launch
+    int device = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kHalfThreads, max_smem);
+        e != cudaSuccess)
+      return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (matvec_half_kernel)");
+    blocks_per_sm = max(1, per_sm);
+  }
+  const int64_t blocks_needed = (total_rows + kHalfWarps - 1) / kHalfWarps;
+  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * max(1, sms)));
+  launch_chained(kernel, grid, kHalfThreads, half_smem_bytes(cols), stream, seg, w_row_bytes, int(total_rows),
+                 int(cols), in);
+  return launch_status("matvec_half_kernel");
 }
 
 }  // namespace detail
@@ -299,8 +260,8 @@ Status matvec_half_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::
                            "; weights, rows, x, norm weight and normed 16-byte aligned)");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
-  if (type == GgmlType::BF16) return detail::dispatch_warps<detail::HalfBF16>(seg, total, cols, w_row_bytes, in, stream);
-  return detail::dispatch_warps<detail::HalfF16>(seg, total, cols, w_row_bytes, in, stream);
+  if (type == GgmlType::BF16) return detail::launch_half<detail::HalfBF16>(seg, total, cols, w_row_bytes, in, stream);
+  return detail::launch_half<detail::HalfF16>(seg, total, cols, w_row_bytes, in, stream);
 }
 
 }  // namespace kiln::cuda

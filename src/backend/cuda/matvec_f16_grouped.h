@@ -6,8 +6,8 @@
 // normalized vector then written once to `normed`). Weights are multiplied as they are,
 // in f32 with f32 sums: no int8 activations.
 //
-// x (normalized) lives in each block's shared memory as f32, 4 bytes per column (8 with the
-// norm weights beside it), so at most kMaxHalfMatvecCols columns.
+// x (normalized) lives in each block's shared memory as f32, 4 bytes per column, so at
+// most kMaxHalfMatvecCols columns.
 #include <span>
 
 #include "backend/cuda/matvec_grouped.h"
