@@ -16,10 +16,13 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/graph.h"
+#include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/ops.h"
 
 namespace kiln {
 
@@ -47,6 +50,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   const cuda::StepGraphs& graphs() const { return *graphs_; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // Ops recorded so far, a fused group counting once (tests see whether a fusion happened).
+  int64_t recorded_ops() const { return recorded_ops_; }
 
   std::unique_ptr<Buffer> allocate(size_t bytes) override;
   Tensor weight(const gguf::TensorInfo& info) override;
@@ -112,7 +117,31 @@ class CudaBackend final : public Backend {
   };
   std::optional<PendingAdd> pending_add_;
   void defer_add(const Tensor& out, Tensor& residual);
-  void flush_pending_add();
+  // A decode launch of two or three grouped products (q/k/v, gate/up) is held back the same
+  // way, because the op right after it may run in its epilogue (cuda_backend_fused.cpp):
+  // rope_kv_store after q/k/v (the rotation and the cache store), one kernel fewer. pending_products_take says whether the held launch's outputs are
+  // `outs`, in order, and whether it can take `ep`; fuse_into_pending_products then records
+  // it with that epilogue. The epilogue may write only the products' outputs and the cache.
+  struct PendingProducts;
+  std::shared_ptr<PendingProducts> pending_products_;
+  using ProductsLaunch = std::function<cuda::Status(cudaStream_t, const cuda::PairEpilogue&)>;
+  void defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
+                      int64_t cols, ProductsLaunch launch, const char* op);
+  bool pending_products_take(std::span<const Tensor* const> outs, const cuda::PairEpilogue& ep) const;
+  void fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig, const char* op);
+  // Rope angle tables (cuda::rope_table) of the current pass, one per positions tensor and
+  // rope parameters (`key`): recorded by the first fused rope of a pass, read by every layer's;
+  // an upload (the next pass's positions) makes them stale.
+  struct RopeTable {
+    uint64_t key = 0;
+    std::unique_ptr<Buffer> buffer;
+    bool current = false;
+  };
+  std::vector<RopeTable> rope_tables_;
+  const float* rope_table_for(const cuda::RopeArgs& rope, uint64_t key);
+  void flush_pending_products();
+  // At most one of the two is pending; this records it.
+  void flush_pending();
   // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false
   // where it does not apply (the caller then runs the parts one by one).
   bool matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts);
@@ -142,6 +171,7 @@ class CudaBackend final : public Backend {
   void remember_q8(const float* x, int64_t cols, int64_t rows, int64_t stride, uint8_t* q8);
 
   CudaOptions options_;
+  int64_t recorded_ops_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<cuda::StepGraphs> graphs_;

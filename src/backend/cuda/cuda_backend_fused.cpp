@@ -2,7 +2,9 @@
 //   - matmul_parts: several weights over one input (q/k/v, gate/up);
 //   - rmsnorm_matmul_parts: the same with the input's RMS norm computed inside the launch
 //     (every block normalizes and quantizes x itself; no norm kernel runs before);
-//   - matmul_add: a product whose epilogue also adds it to the residual stream.
+//   - matmul_add: a product whose epilogue also adds it to the residual stream;
+//   - the launch of two or three parts is held back (PendingProducts) and takes the next op
+//     into its epilogue when it can: rope_kv_store after q/k/v.
 // Anything the grouped kernel does not take (exact mode, weight types other than q4_0 /
 // q8_0 / q4_K, mixed types or widths) runs as the composed ops of backend.h; prefill
 // batches of matmul_parts go to cuda_backend_prefill.cpp.
@@ -11,6 +13,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/rope_store.h"
 
 namespace kiln {
 
@@ -99,7 +102,96 @@ void hash_parts(cuda::SignatureHash& h, std::span<const Backend::MatmulPart> par
   }
 }
 
+// Whether `a` is the packed f32 rows {N, T} of `b`, seen as they are or as heads
+// {head_dim, heads, T} (the view rope takes).
+bool same_rows(const Tensor& a, const Tensor& b) {
+  if (a.data != b.data || a.dtype != GgmlType::F32 || !packed_f32(b) || a.nb[0] != sizeof(float) || a.ne[3] != 1)
+    return false;
+  if (a.ne[2] == 1 && a.ne[0] == b.ne[0] && a.ne[1] == b.ne[1] && a.nb[1] == b.nb[1]) return true;
+  return a.ne[0] * a.ne[1] == b.ne[0] && a.ne[2] == b.ne[1] && a.nb[1] == a.ne[0] * int64_t(sizeof(float)) &&
+         (a.ne[2] == 1 || a.nb[2] == b.nb[1]);
+}
+
+// A pair epilogue for token t of the launch (its batch row).
+cuda::PairEpilogue epilogue_for_token(cuda::PairEpilogue ep, int64_t t) {
+  ep.token = t;
+  return ep;
+}
+
 }  // namespace cuda_fused
+
+struct CudaBackend::PendingProducts {
+  cuda::SignatureHash sig;
+  int64_t tokens = 0;
+  std::array<Tensor, cuda::kMaxMatvecParts> outs{};
+  cuda_fused::GroupedParts parts;  // token 0's
+  int64_t cols = 0;
+  ProductsLaunch launch;           // per token, with the epilogue it is given
+  QuantizedInput input_after;      // the int8 copy of x the launch leaves, or none
+  const char* op = "";
+};
+
+// Called with quantized_input_ already set to what the launch leaves.
+void CudaBackend::defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
+                                 int64_t cols, ProductsLaunch launch, const char* op) {
+  const QuantizedInput after = quantized_input_;
+  flush_pending();
+  auto p = std::make_shared<PendingProducts>();
+  p->sig = sig, p->tokens = tokens, p->parts = cuda_fused::grouped_parts(parts), p->cols = cols;
+  for (size_t i = 0; i < parts.size(); ++i) p->outs[i] = *parts[i].out;
+  p->launch = std::move(launch), p->input_after = after, p->op = op;
+  pending_products_ = std::move(p);
+  quantized_input_ = after;
+}
+
+void CudaBackend::flush_pending_products() {
+  if (!pending_products_) return;
+  const std::shared_ptr<PendingProducts> p = std::move(pending_products_);
+  pending_products_.reset();
+  record(p->sig, p->tokens, [launch = p->launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, p->op);
+  quantized_input_ = p->input_after;
+}
+
+bool CudaBackend::pending_products_take(std::span<const Tensor* const> outs, const cuda::PairEpilogue& ep) const {
+  using namespace cuda_fused;
+  if (!pending_products_) return false;
+  const PendingProducts& p = *pending_products_;
+  if (outs.size() != p.parts.n) return false;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (!same_rows(*outs[i], p.outs[i])) return false;
+  return cuda::matvec_pairs_fit(p.cols, p.parts.view(p.parts.mv), ep);
+}
+
+void CudaBackend::fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig,
+                                             const char* op) {
+  KILN_CHECK(pending_products_, "cuda: no held products to take {}", op);
+  const std::shared_ptr<PendingProducts> taken = std::move(pending_products_);
+  pending_products_.reset();
+  cuda::SignatureHash h = taken->sig;
+  h.pod(sig.value);
+  record(h, taken->tokens, [launch = taken->launch, ep](cudaStream_t s) { return launch(s, ep); }, op);
+  quantized_input_ = taken->input_after;
+}
+
+const float* CudaBackend::rope_table_for(const cuda::RopeArgs& rope, uint64_t key) {
+  RopeTable* entry = nullptr;
+  for (RopeTable& t : rope_tables_)
+    if (t.key == key) entry = &t;
+  if (!entry) {
+    rope_tables_.push_back({key, allocate(size_t(cuda_fused::kMaxTokens) * size_t(rope.n_rot) * sizeof(float)), false});
+    entry = &rope_tables_.back();
+  }
+  auto* table = static_cast<float*>(entry->buffer->data());
+  if (!entry->current) {
+    // Straight to the graph, ahead of the held products (record() would record them first):
+    // the kernel reads only the positions and writes only the table, which nothing reads yet.
+    cuda::SignatureHash h;
+    h.pod(key), h.pod(table), h.pod(rope.n_tokens);
+    graphs_->add(h, rope.n_tokens, [=](cudaStream_t s) { return cuda::rope_table(rope, table, s); }, "rope_table");
+    entry->current = true;
+  }
+  return table;
+}
 
 void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
   using namespace cuda_fused;
@@ -152,25 +244,33 @@ void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const
   h.pod(Op::Matmul), h.pod(parts.size()), h.pod(reuse), h.pod(from_f32), h.pod(accumulate);
   hash_tensor(h, x);
   hash_parts(h, parts);
-  record(h, T, [=](cudaStream_t s) {
+  ProductsLaunch launch = [=](cudaStream_t s, const cuda::PairEpilogue& ep) {
     for (int64_t t = 0; t < T; ++t) {
       const auto row = g.token(t);
+      const cuda::PairEpilogue token_ep = epilogue_for_token(ep, t);
       if (from_f32) {
         cuda::F32Input in;
         in.x = xp + t * xs;
-        if (cuda::Status st = cuda::matvec_f32_parts(type, K, w_row, g.view(row), in, s); !st.ok()) return st;
+        if (cuda::Status st = cuda::matvec_f32_parts(type, K, w_row, g.view(row), in, s, token_ep); !st.ok())
+          return st;
         continue;
       }
       const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
       if (!reuse)
         if (cuda::Status st = cuda::quantize_q8(xp + t * xs, K, xq, s); !st.ok()) return st;
-      if (cuda::Status st = cuda::matvec_q8_parts(type, K, w_row, g.view(row), xq, s); !st.ok()) return st;
+      if (cuda::Status st = cuda::matvec_q8_parts(type, K, w_row, g.view(row), xq, s, token_ep); !st.ok()) return st;
     }
     return cuda::Status();
-  }, "matmul_parts");
+  };
   // The int8 copy of x stays valid for the next product over x (no output overlaps x), but
   // only where it was written to the scratch.
-  if (!from_f32) quantized_input_ = input;
+  const QuantizedInput after = from_f32 ? QuantizedInput{} : input;
+  if (!accumulate && parts.size() >= 2) {
+    quantized_input_ = after;
+    return defer_products(h, T, parts, K, std::move(launch), "matmul_parts");
+  }
+  record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "matmul_parts");
+  quantized_input_ = after;
 }
 
 void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
@@ -196,16 +296,24 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
   h.pod(Op::RmsNorm), h.pod(parts.size()), h.pod(eps);
   hash_tensor(h, x), hash_tensor(h, norm_weight), hash_tensor(h, normed);
   hash_parts(h, parts);
-  record(h, T, [=](cudaStream_t s) {
+  ProductsLaunch launch = [=](cudaStream_t s, const cuda::PairEpilogue& ep) {
     for (int64_t t = 0; t < T; ++t) {
       const auto row = g.token(t);
       cuda::F32Input token_in = in;
       token_in.x += t * xs;
       token_in.normed += t * ns;
-      if (cuda::Status st = cuda::matvec_f32_parts(t_type, K, w_row, g.view(row), token_in, s); !st.ok()) return st;
+      if (cuda::Status st = cuda::matvec_f32_parts(t_type, K, w_row, g.view(row), token_in, s,
+                                                   epilogue_for_token(ep, t));
+          !st.ok())
+        return st;
     }
     return cuda::Status();
-  }, "rmsnorm_matmul_parts");
+  };
+  if (parts.size() >= 2) {
+    quantized_input_ = {};
+    return defer_products(h, T, parts, K, std::move(launch), "rmsnorm_matmul_parts");
+  }
+  record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "rmsnorm_matmul_parts");
 }
 
 }  // namespace kiln

@@ -383,6 +383,19 @@ void CudaBackend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& 
   Sig sig(Op::KvStore);
   sig.t(q_heads).t(k_heads).t(v).t(positions).t(cache.k).t(cache.v).t(slots);
   hash_rope(sig, p, q);
+  // Right after the q/k/v products: rotated (the angles from the pass's table) and stored in
+  // their epilogue where they can.
+  cuda::PairEpilogue ep;
+  ep.kind = cuda::PairEpilogueKind::RopeStore;
+  ep.head_dim = int(q.head_dim), ep.n_rot = q.n_rot, ep.store = st;
+  const Tensor* outs[] = {&q_heads, &k_heads, &v};
+  if (!q.neox && q.head_stride == q.head_dim && pending_products_take(outs, ep)) {
+    Sig table_key(Op::Rope);
+    table_key.t(positions);
+    hash_rope(table_key, p, q);
+    ep.angles = rope_table_for(q, table_key.h.value);
+    return fuse_into_pending_products(ep, sig.h, "qkv_rope_kv_store");
+  }
   record(sig.h, q.n_tokens, [=](cudaStream_t s) { return cuda::rope_store(q, k, st, s); }, "rope_kv_store");
 }
 

@@ -18,6 +18,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/rope_math.cuh"  // the rotation
 
 #include <climits>
 #include <string>
@@ -139,6 +140,10 @@ struct GroupedSegments {
     return r;
   }
   __device__ __forceinline__ int first_row(int part) const { return part == 0 ? 0 : pick(end, part - 1); }
+  // The part of global row `row` and its row within that part.
+  __device__ __forceinline__ void locate(int row, int& part, int& local) const {
+    part = part_of(row), local = row - first_row(part);
+  }
 };
 
 // f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
@@ -194,10 +199,38 @@ __device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* 
 
 // kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kFromF32: x arrives as f32
 // (`in`) and is quantized here; otherwise as quantize_q8's int8 copy (xqs, xds).
+// The pair epilogues (see PairEpilogue), run by the first lane of each of a task's two rows
+// (16 lanes each): `v` is this row's value, bias added, `partner` the other row's; slot 0
+// holds the even row.
+__device__ __forceinline__ void rope_store_pair(const PairEpilogue& ep, int part, int local, int slot, float v,
+                                                float partner, float* y) {
+  if (part < 2) {  // q or k: rotate the pair
+    const int d = local % ep.head_dim;
+    if (d < ep.n_rot) {
+      const int half = ep.n_rot / 2, i = d / 2;
+      const float* angles = ep.angles + ep.token * ep.n_rot;  // written by a kernel before: after the wait
+      const float c = angles[i], s = angles[half + i];
+      const float x0 = slot == 0 ? v : partner, x1 = slot == 0 ? partner : v;
+      v = slot == 0 ? rotated_first(x0, x1, c, s) : rotated_second(x0, x1, c, s);
+    }
+  }
+  y[local] = v;
+  if (part == 0) return;
+  const int64_t cache_slot = ep.store.slots[ep.token];  // uploaded before the step
+  if (cache_slot < 0 || cache_slot >= ep.store.n_slots) return;  // never write outside the cache
+  void* cache = part == 1 ? ep.store.cache_k : ep.store.cache_v;
+  const int64_t at = cache_slot * (part == 1 ? ep.store.cache_k_stride : ep.store.cache_v_stride) + local;
+  if (ep.store.cache_type == GgmlType::F16)
+    store_as(static_cast<__half*>(cache) + at, v);
+  else
+    store_as(static_cast<float*>(cache) + at, v);
+}
+
 template <typename Fmt, int kLanesPerRow, bool kFromF32>
 __global__ void __launch_bounds__(kGroupedThreads)
     matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, int rows, int groups,
-                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in) {
+                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
+                          PairEpilogue ep) {
   constexpr int kG = group_bytes<Fmt>();
   constexpr int kUnits = kG / 16;
   constexpr int kSlots = kWarpSize / kLanesPerRow;  // rows per task
@@ -228,8 +261,9 @@ __global__ void __launch_bounds__(kGroupedThreads)
       for (int s = 0; s < kSlots; ++s) {
         const int row = task * kSlots + s;
         if (row >= rows) break;
-        const int part = seg.part_of(row);
-        const uint8_t* src = GroupedSegments::pick(seg.w, part) + int64_t(row - seg.first_row(part)) * w_row_bytes + int64_t(first_group) * kG;
+        int part, local;
+        seg.locate(row, part, local);
+        const uint8_t* src = GroupedSegments::pick(seg.w, part) + int64_t(local) * w_row_bytes + int64_t(first_group) * kG;
         uint8_t* dst = dst_stage + s * kLanesPerRow * kG;
         for (int p = lane; p < n_pieces; p += kWarpSize) cp_async_16(dst + 16 * p, src + 16 * p);
       }
@@ -289,11 +323,21 @@ __global__ void __launch_bounds__(kGroupedThreads)
       float v = acc;
 #pragma unroll
       for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
-      if (li == 0 && row < rows) {
-        const int part = seg.part_of(row);
-        const int local = row - seg.first_row(part);
+      int part = 0, local = 0;
+      if (row < rows) {
+        seg.locate(row, part, local);
         const float* add = GroupedSegments::pick(seg.add, part);
         if (add) v += add[local];
+      }
+      bool plain_store = li == 0 && row < rows;
+      if constexpr (kLanesPerRow == 16) {
+        if (ep.kind != PairEpilogueKind::None) {  // every row has its pair (host-checked)
+          const float partner = __shfl_xor_sync(kFullMask, v, 16);
+          if (li == 0) rope_store_pair(ep, part, local, slot, v, partner, GroupedSegments::pick(seg.y, part));
+          plain_store = false;
+        }
+      }
+      if (plain_store) {
         GroupedSegments::pick(seg.y, part)[local] = v;
         if (float* acc = GroupedSegments::pick(seg.acc, part)) acc[local] += v;
       }
@@ -305,7 +349,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
 
 template <typename Fmt, int kLanesPerRow, bool kFromF32>
 Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                      const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
+                      const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   auto kernel = matvec_grouped_kernel<Fmt, kLanesPerRow, kFromF32>;
   const size_t smem = grouped_smem_bytes<Fmt>(cols);
   // Per kernel: the dynamic shared-memory limit raised once, resident blocks per SM for the
@@ -333,26 +377,31 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   const int grid = int(min64(blocks_needed, int64_t(max(1, blocks_per_sm)) * max(1, sms)));
   launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, int(total_rows),
-                 int(cols / kGroupElems), xq.qs, xq.ds, in);
+                 int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
   return launch_status("matvec_grouped_kernel");
 }
 
+// Rows of at most 16 groups take two rows per task (16 lanes each), wider ones one; the pair
+// epilogues need the former (matvec_pairs_fit).
+constexpr int kMaxPairGroups = 16;
+
 template <typename Fmt, bool kFromF32>
 Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                        const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
-  if (cols / kGroupElems <= 16)
-    return launch_grouped<Fmt, 16, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
-  return launch_grouped<Fmt, 32, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+                        const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  if (cols / kGroupElems <= kMaxPairGroups)
+    return launch_grouped<Fmt, 16, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
+  return launch_grouped<Fmt, 32, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
 }
 
 template <bool kFromF32>
 Status dispatch_type(GgmlType type, const GroupedSegments& seg, int64_t total_rows, int64_t cols,
-                     int64_t w_row_bytes, const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
+                     int64_t w_row_bytes, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
+                     cudaStream_t stream) {
   if (type == GgmlType::Q4_0)
-    return dispatch_grouped<GroupQ4_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+    return dispatch_grouped<GroupQ4_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
   if (type == GgmlType::Q4_K)
-    return dispatch_grouped<GroupQ4_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
-  return dispatch_grouped<GroupQ8_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+    return dispatch_grouped<GroupQ4_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
+  return dispatch_grouped<GroupQ8_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
 }
 
 // The parts stacked by rows (see GroupedSegments); unused slots end at INT_MAX.
@@ -394,6 +443,19 @@ bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
   return detail::smem_for(a.type, a.cols) <= 200 * 1024;
 }
 
+bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep) {
+  if (ep.kind == PairEpilogueKind::None) return true;
+  if (cols % detail::kGroupElems != 0 || cols / detail::kGroupElems > detail::kMaxPairGroups) return false;
+  for (const MatvecPart& p : parts)
+    if (p.rows % 2 != 0 || p.accumulate) return false;
+  const KvStoreArgs& st = ep.store;
+  return parts.size() == 3 && ep.head_dim > 0 && ep.head_dim % 2 == 0 && ep.n_rot > 0 &&
+         ep.n_rot % 2 == 0 && ep.n_rot <= ep.head_dim && parts[0].rows % ep.head_dim == 0 &&
+         parts[1].rows % ep.head_dim == 0 && parts[1].rows == st.k_width &&
+         parts[2].rows == st.v_width && st.slots && st.cache_k && st.cache_v &&
+         (st.cache_type == GgmlType::F32 || st.cache_type == GgmlType::F16);
+}
+
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                       const Q8Vector& xq) {
   if (parts.empty() || parts.size() > size_t(kMaxMatvecParts)) return false;
@@ -408,14 +470,16 @@ bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::spa
 }
 
 Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
-                       const Q8Vector& xq, cudaStream_t stream) {
+                       const Q8Vector& xq, cudaStream_t stream, const PairEpilogue& ep) {
   if (!matvec_parts_fit(type, cols, w_row_bytes, parts, xq) || xq.n != cols)
     return Status::invalid("matvec_q8_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
                            " columns do not fit the grouped kernel (q4_0 / q8_0, 16-byte aligned, at most " +
                            std::to_string(kMaxMatvecParts) + " parts)");
+  if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
+    return Status::invalid("matvec_q8_parts: the pair epilogue does not fit");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
-  return detail::dispatch_type<false>(type, seg, total, cols, w_row_bytes, xq, F32Input{}, stream);
+  return detail::dispatch_type<false>(type, seg, total, cols, w_row_bytes, xq, F32Input{}, ep, stream);
 }
 
 bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
@@ -431,14 +495,16 @@ bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std:
 }
 
 Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
-                        const F32Input& in, cudaStream_t stream) {
+                        const F32Input& in, cudaStream_t stream, const PairEpilogue& ep) {
   if (!matvec_parts_f32_fit(type, cols, w_row_bytes, parts, in))
     return Status::invalid("matvec_f32_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
                            " columns with f32 x do not fit the grouped kernel (q4_0 / q8_0 / q4_K, 16-byte aligned, "
                            "at most " + std::to_string(kMaxF32InputCols) + " columns)");
+  if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
+    return Status::invalid("matvec_f32_parts: the pair epilogue does not fit");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
-  return detail::dispatch_type<true>(type, seg, total, cols, w_row_bytes, Q8Vector{}, in, stream);
+  return detail::dispatch_type<true>(type, seg, total, cols, w_row_bytes, Q8Vector{}, in, ep, stream);
 }
 
 Status matvec_q8_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {

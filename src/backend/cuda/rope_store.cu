@@ -37,7 +37,22 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
   rotate_heads(a, t, first_head, kRopeHeadsPerBlock, cache_row, cos_s, sin_s);
 }
 
+__global__ void __launch_bounds__(kRopeStoreThreads) rope_table_kernel(RopeArgs a, RopeConstants c, float* table) {
+  begin_chained_kernel();  // the kernel before may still read the table of the previous pass
+  float* row = table + int64_t(blockIdx.x) * a.n_rot;
+  rope_angles(a, c, blockIdx.x, row, row + a.n_rot / 2);
+}
+
 }  // namespace detail
+
+Status rope_table(const RopeArgs& rope, float* table, cudaStream_t stream) {
+  detail::RopeConstants c;
+  if (Status s = detail::rope_constants(rope, &c); !s.ok()) return s;
+  if (!table) return Status::invalid("rope_table: no table");
+  launch_chained(detail::rope_table_kernel, unsigned(rope.n_tokens), detail::kRopeStoreThreads, 0, stream, rope, c,
+                 table);
+  return launch_status("rope_table_kernel");
+}
 
 Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, cudaStream_t stream) {
   detail::RopeConstants c;

@@ -15,4 +15,10 @@ namespace kiln::cuda {
 // (head_stride == head_dim) and k.x / store.k are the same rows (store.k_width = heads x dim).
 Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store, cudaStream_t stream);
 
+// The rotation angles of every token of a batch, computed once per pass for all layers that
+// rope with these parameters (the q/k/v products' epilogue reads them; see PairEpilogue):
+// table + t * n_rot holds cos(theta_i) * mscale for i < n_rot / 2, then the sines, as rope()
+// computes them (angles in double). Reads only the positions; x is not used.
+Status rope_table(const RopeArgs& rope, float* table, cudaStream_t stream);
+
 }  // namespace kiln::cuda
