@@ -389,14 +389,15 @@ void CudaBackend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& 
   ep.kind = cuda::PairEpilogueKind::RopeStore;
   ep.head_dim = int(q.head_dim), ep.n_rot = q.n_rot, ep.store = st;
   const Tensor* outs[] = {&q_heads, &k_heads, &v};
+  Sig table_key(Op::Rope);
+  table_key.t(positions);
+  hash_rope(table_key, p, q);
+  const float* angles = rope_table_for(q, table_key.h.value);
   if (!q.neox && q.head_stride == q.head_dim && pending_products_take(outs, ep)) {
-    Sig table_key(Op::Rope);
-    table_key.t(positions);
-    hash_rope(table_key, p, q);
-    ep.angles = rope_table_for(q, table_key.h.value);
+    ep.angles = angles;
     return fuse_into_pending_products(ep, sig.h, "qkv_rope_kv_store");
   }
-  record(sig.h, q.n_tokens, [=](cudaStream_t s) { return cuda::rope_store(q, k, st, s); }, "rope_kv_store");
+  record(sig.h, q.n_tokens, [=](cudaStream_t s) { return cuda::rope_store(q, k, st, s, angles); }, "rope_kv_store");
 }
 
 void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& p,
@@ -470,8 +471,10 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   a.out = out.as<float>(), a.out_stride = int64_t(out.nb[1] / 4);
   const size_t need = cuda::decode_attention_scratch_bytes(a);
   void* sp = need ? scratch(attention_scratch_, need) : nullptr;
+  const size_t n_counters = cuda::decode_attention_counters(a);
+  int* counters = n_counters ? static_cast<int*>(scratch(attention_counters_, n_counters * sizeof(int), true)) : nullptr;
   sig.v(a.max_context);
-  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, sp, need, s); }, "attention");
+  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, sp, need, counters, s); }, "attention");
 }
 
 void CudaBackend::glu(const Tensor& gate, const Tensor& up, const GluParams& p, Tensor& out) {

@@ -151,7 +151,19 @@ struct GroupedSegments {
 // arithmetic so that the block waits for L2 once, not once per step.
 constexpr int kF32Steps = int(kMaxF32InputCols) / (kGroupedThreads * 4);
 
-__device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s) {
+// The norm weights this thread will apply, loaded before the wait for the previous kernels
+// (no kernel of the step writes them): one L2 round trip less after it.
+__device__ __forceinline__ void load_norm_weights(const F32Input& in, int cols, float4 (&w)[kF32Steps]) {
+  if (!in.norm_weight) return;
+#pragma unroll
+  for (int s = 0; s < kF32Steps; ++s) {
+    const int i = (s * kGroupedThreads + int(threadIdx.x)) * 4;
+    if (i < cols) w[s] = *reinterpret_cast<const float4*>(in.norm_weight + i);
+  }
+}
+
+__device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s,
+                                         const float4 (&norm_w)[kF32Steps]) {
   __shared__ float partial[kGroupedWarps];
   const int tid = threadIdx.x;
   float4 v[kF32Steps];
@@ -183,8 +195,7 @@ __device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* 
     if (i >= cols) break;  // cols % 256 == 0: whole warps leave together
     float four[4] = {v[s].x, v[s].y, v[s].z, v[s].w};
     if (in.norm_weight) {
-      const float4 w = *reinterpret_cast<const float4*>(in.norm_weight + i);
-      const float wk[4] = {w.x, w.y, w.z, w.w};
+      const float wk[4] = {norm_w[s].x, norm_w[s].y, norm_w[s].z, norm_w[s].w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) four[k] = __fmul_rn(__fmul_rn(four[k], inv), wk[k]);
       // Every block computed the whole vector; block s % grid writes step s.
@@ -271,13 +282,16 @@ __global__ void __launch_bounds__(kGroupedThreads)
     cp_async_commit();
   };
 
-  // This warp's first chunk of weights (no kernel of the step writes them), then x, which
-  // the kernels before produce, into shared memory, padded per group (all threads).
+  // This warp's first chunk of weights and its norm weights (no kernel of the step writes
+  // them), then x, which the kernels before produce, into shared memory, padded per group
+  // (all threads).
   issue(0);
+  float4 norm_w[kFromF32 ? kF32Steps : 1];
+  if constexpr (kFromF32) load_norm_weights(in, groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
   allow_next_kernel();
   if constexpr (kFromF32) {
-    quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s);
+    quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
     cp_async_wait<0>();
   } else {
     for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)

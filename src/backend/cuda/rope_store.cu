@@ -1,5 +1,6 @@
 // rope of q and k plus the KV-cache store in one launch (see rope_store.h). Grid: (tokens,
-// q head groups + k head groups + v pieces); every block of a token computes its angles.
+// q head groups + k head groups + v pieces); every block of a token reads its angles from
+// the pass's rope_table or, without one, computes them.
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/rope_math.cuh"
 #include "backend/cuda/rope_store.h"
@@ -12,7 +13,8 @@ constexpr int kValuesPerPiece = 2 * kRopeStoreThreads;
 
 template <typename KV>
 __global__ void __launch_bounds__(kRopeStoreThreads)
-    rope_store_kernel(RopeArgs q, RopeArgs k, KvStoreArgs st, RopeConstants c, int q_groups, int k_groups) {
+    rope_store_kernel(RopeArgs q, RopeArgs k, KvStoreArgs st, RopeConstants c, int q_groups, int k_groups,
+                      const float* angles) {
   __shared__ float cos_s[kMaxRopeHalf], sin_s[kMaxRopeHalf];
   const int64_t t = blockIdx.x;
   const int y = int(blockIdx.y);
@@ -29,8 +31,13 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
   }
   const bool is_k = y >= q_groups;
   const RopeArgs& a = is_k ? k : q;
-  rope_angles(a, c, t, cos_s, sin_s);
+  if (!angles) rope_angles(a, c, t, cos_s, sin_s);
   begin_chained_kernel();
+  if (angles) {  // the pass's table, written by a kernel before this one
+    const int half = a.n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+      cos_s[i] = angles[t * a.n_rot + i], sin_s[i] = angles[t * a.n_rot + half + i];
+  }
   __syncthreads();
   const int64_t first_head = int64_t(is_k ? y - q_groups : y) * kRopeHeadsPerBlock;
   KV* cache_row = is_k && slot_ok ? static_cast<KV*>(st.cache_k) + slot * st.cache_k_stride : nullptr;
@@ -54,7 +61,8 @@ Status rope_table(const RopeArgs& rope, float* table, cudaStream_t stream) {
   return launch_status("rope_table_kernel");
 }
 
-Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, cudaStream_t stream) {
+Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, cudaStream_t stream,
+                  const float* angles) {
   detail::RopeConstants c;
   if (Status s = detail::rope_constants(q, &c); !s.ok()) return s;
   if (Status s = detail::rope_constants(k, &c); !s.ok()) return s;
@@ -76,10 +84,10 @@ Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, c
   const dim3 grid(unsigned(q.n_tokens), unsigned(q_groups + k_groups + v_pieces));
   if (st.cache_type == GgmlType::F16)
     launch_chained(detail::rope_store_kernel<__half>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c,
-                   int(q_groups), int(k_groups));
+                   int(q_groups), int(k_groups), angles);
   else
     launch_chained(detail::rope_store_kernel<float>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c,
-                   int(q_groups), int(k_groups));
+                   int(q_groups), int(k_groups), angles);
   return launch_status("rope_store_kernel");
 }
 

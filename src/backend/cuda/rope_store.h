@@ -13,7 +13,10 @@ namespace kiln::cuda {
 
 // q and k share positions, token count and every rope parameter; k's heads are packed
 // (head_stride == head_dim) and k.x / store.k are the same rows (store.k_width = heads x dim).
-Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store, cudaStream_t stream);
+// With `angles` (a rope_table of these positions and parameters) the blocks read their
+// angles instead of computing them.
+Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store, cudaStream_t stream,
+                  const float* angles = nullptr);
 
 // The rotation angles of every token of a batch, computed once per pass for all layers that
 // rope with these parameters (the q/k/v products' epilogue reads them; see PairEpilogue):
