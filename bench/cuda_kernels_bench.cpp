@@ -295,20 +295,16 @@ void bench_attention(cudaStream_t s, int n_seq, int ctx, bool quick) {
   a.out_stride = n_head * D;
   const size_t scratch_bytes = std::max<size_t>(16, decode_attention_scratch_bytes(a));
   check(cudaMalloc(&scratch, scratch_bytes), "malloc");
-  int* counters = nullptr;
-  const size_t counter_bytes = std::max<size_t>(1, decode_attention_counters(a)) * sizeof(int);
-  check(cudaMalloc(&counters, counter_bytes), "malloc");
-  check(cudaMemset(counters, 0, counter_bytes), "memset");
   const double us = time_graph(s, 10, quick ? 5 : 15, [&](int i) {
     DecodeAttentionArgs c = a;
     c.k_cache = static_cast<uint8_t*>(k) + size_t(i % layers) * layer_bytes;
     c.v_cache = static_cast<uint8_t*>(v) + size_t(i % layers) * layer_bytes;
-    check(decode_attention(c, scratch, scratch_bytes, counters, s), "attention");
+    check(decode_attention(c, scratch, scratch_bytes, s), "attention");
   });
   const double bytes = 2.0 * n_seq * double(ctx) * slot_bytes;
   report({"decode attention", "seq " + std::to_string(n_seq) + " ctx " + std::to_string(ctx), "f16 32/8x128", us,
           bytes / us / 1e3, "GB/s", 100.0 * bytes / us / 1e3 / g_copy_gbs});
-  for (void* p : {k, v, scratch, static_cast<void*>(counters), static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(tables),
+  for (void* p : {k, v, scratch, static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(tables),
                   static_cast<void*>(pos)})
     cudaFree(p);
 }

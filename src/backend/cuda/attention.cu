@@ -30,11 +30,6 @@ SplitPlan plan_splits(const DecodeAttentionArgs& a) {
   return plan;
 }
 
-// The records of every key range; the counters follow them.
-size_t records_bytes(const DecodeAttentionArgs& a, const SplitPlan& plan) {
-  return size_t(a.n_seq) * a.n_head * plan.n_splits * (a.head_dim + 2) * sizeof(float);
-}
-
 }  // namespace detail
 
 size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& a) {
@@ -42,15 +37,10 @@ size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& a) {
     return 0;
   const detail::SplitPlan plan = detail::plan_splits(a);
   if (plan.n_splits == 1) return 0;
-  return detail::records_bytes(a, plan);
+  return size_t(a.n_seq) * a.n_head * plan.n_splits * (a.head_dim + 2) * sizeof(float);
 }
 
-size_t decode_attention_counters(const DecodeAttentionArgs& a) {
-  return decode_attention_scratch_bytes(a) ? size_t(a.n_seq) * size_t(a.n_head) : 0;
-}
-
-Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scratch_bytes, int* counters,
-                        cudaStream_t stream) {
+Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
     return Status::invalid("decode_attention: head_dim " + std::to_string(a.head_dim) + " is not supported; supported: 64 128 256");
   if (a.cache_type != GgmlType::F16 && a.cache_type != GgmlType::F32)
@@ -70,15 +60,14 @@ Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scra
     return Status::invalid("decode_attention: cache rows must be 16-byte aligned (base and slot stride)");
   const detail::SplitPlan plan = detail::plan_splits(a);
   const size_t need = decode_attention_scratch_bytes(a);
-  if (need > 0 && (!scratch || scratch_bytes < need || !counters))
-    return Status::invalid("decode_attention: needs " + std::to_string(need) + " bytes of scratch and " +
-                           std::to_string(decode_attention_counters(a)) + " counters, got " +
-                           std::to_string(scratch_bytes) + (counters ? "" : " and no counters"));
+  if (need > 0 && (!scratch || scratch_bytes < need))
+    return Status::invalid("decode_attention: needs " + std::to_string(need) + " bytes of scratch, got " +
+                           std::to_string(scratch_bytes));
   float* partial = static_cast<float*>(scratch);
   switch (a.head_dim) {
-    case 64: return detail::launch_head_dim<64>(a, plan, partial, counters, stream);
-    case 128: return detail::launch_head_dim<128>(a, plan, partial, counters, stream);
-    default: return detail::launch_head_dim<256>(a, plan, partial, counters, stream);
+    case 64: return detail::launch_head_dim<64>(a, plan, partial, stream);
+    case 128: return detail::launch_head_dim<128>(a, plan, partial, stream);
+    default: return detail::launch_head_dim<256>(a, plan, partial, stream);
   }
 }
 

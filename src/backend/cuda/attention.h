@@ -13,10 +13,7 @@
 //   block_tables[s * block_table_stride + j / block_size] * block_size + j % block_size.
 //
 // Long contexts are split across blocks (flash-decoding): each block reduces a range of keys
-// to (max, sum, unnormalized output) in `scratch`, and the last block of a head group to
-// finish combines the ranges, found through `counters` (decode_attention_counters() ints),
-// which must be zero before the first launch (zero them once when allocating them): every
-// launch leaves them zero.
+// to (max, sum, unnormalized output) in `scratch`, and a second kernel combines the ranges.
 // Arithmetic in f32 (exp by expf): expect ~1e-6 relative error against a double reference.
 // With an f16 cache the query is rounded to f16 as well (the reference must round it too).
 #include <cuda_runtime_api.h>
@@ -55,10 +52,7 @@ struct DecodeAttentionArgs {
 
 // Scratch bytes decode_attention() needs for these arguments (0 when no split is needed).
 size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& args);
-// Counters decode_attention() needs for these arguments (0 when no split is needed).
-size_t decode_attention_counters(const DecodeAttentionArgs& args);
 
-Status decode_attention(const DecodeAttentionArgs& args, void* scratch, size_t scratch_bytes, int* counters,
-                        cudaStream_t stream);
+Status decode_attention(const DecodeAttentionArgs& args, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace kiln::cuda

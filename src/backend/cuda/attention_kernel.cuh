@@ -8,8 +8,7 @@
 // in flight), reduce the partial q.k with warp shuffles, and fold the key into a running
 // softmax (online: max, sum, unnormalized output). The groups' states merge through
 // shuffles and shared memory. One range: the block writes the normalized output. Several:
-// it writes (max, sum, unnormalized output), and the last block of its heads to finish
-// (a counter per sequence and head group) merges the ranges; no second kernel runs.
+// it writes (max, sum, unnormalized output) and combine_kernel merges the ranges.
 #include <type_traits>
 
 #include "backend/cuda/attention.h"
@@ -63,31 +62,9 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float (&acc)[8],
   m = mx;
 }
 
-// The output of one (sequence, head) dimension from the records of its key ranges, each
-// rescaled to the common maximum (records written by other blocks of this launch: read
-// through L2).
-template <int D>
-__device__ __forceinline__ float combine_ranges(const DecodeAttentionArgs& a, int n_splits, const float* recs,
-                                                int head, int d) {
-  float m = a.sinks ? a.sinks[head] : -INFINITY;
-  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, __ldcg(recs + s * (D + 2)));
-  float denom = a.sinks ? expf(a.sinks[head] - m) : 0.0f, sum = 0.0f;
-  for (int s = 0; s < n_splits; ++s) {
-    const float* rec = recs + s * (D + 2);
-    const float l = __ldcg(rec + 1);
-    if (l == 0.0f) continue;  // an empty range (max -inf)
-    const float w = expf(__ldcg(rec) - m);
-    denom += l * w;
-    sum += __ldcg(rec + 2 + d) * w;
-  }
-  return sum / denom;
-}
-
-// counters: one per (sequence, head group), zero before the launch and left zero after it.
 template <int D, typename KV, int kHeads, bool kSoftcap>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, float* __restrict__ partial,
-                     int* __restrict__ counters) {
+    attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, float* __restrict__ partial) {
   constexpr int kLanesPerKey = D / 8;
   constexpr int kKeyGroups = kAttnThreads / kLanesPerKey;
   constexpr int kWarps = kAttnThreads / kWarpSize;
@@ -229,62 +206,63 @@ __global__ void __launch_bounds__(kAttnThreads)
       if (d == 0) rec[0] = mt, rec[1] = lt;
     }
   }
-  if (n_splits == 1) return;
+}
 
-  // The last block of these heads to finish merges every range's record.
-  __shared__ int last_s;
-  __threadfence();  // this block's records are visible device-wide before it is counted
-  __syncthreads();
-  if (tid == 0) {
-    int* counter = counters + int64_t(seq) * gridDim.y + blockIdx.y;
-    last_s = atomicAdd(counter, 1) == n_splits - 1;
-    if (last_s) *counter = 0;  // every other block has counted: ready for the next launch
+// Merges the key ranges of one (sequence, head): rescales each to the common maximum.
+template <int D>
+__global__ void __launch_bounds__(D) combine_kernel(DecodeAttentionArgs a, int n_splits, const float* __restrict__ partial) {
+  begin_chained_kernel();
+  const int seq = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+  const float* recs = partial + (int64_t(seq) * a.n_head + head) * n_splits * (D + 2);
+  float m = a.sinks ? a.sinks[head] : -INFINITY;
+  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, recs[s * (D + 2)]);
+  float denom = a.sinks ? expf(a.sinks[head] - m) : 0.0f, sum = 0.0f;
+  for (int s = 0; s < n_splits; ++s) {
+    const float* rec = recs + s * (D + 2);
+    if (rec[1] == 0.0f) continue;  // an empty range (max -inf)
+    const float w = expf(rec[0] - m);
+    denom += rec[1] * w;
+    sum += rec[2 + d] * w;
   }
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();
-  for (int i = tid; i < kHeads * D; i += kAttnThreads) {
-    const int h = i / D, d = i % D, head = head0 + h;
-    const float* recs = partial + (int64_t(seq) * a.n_head + head) * n_splits * (D + 2);
-    a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = combine_ranges<D>(a, n_splits, recs, head, d);
-  }
+  a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = sum / denom;
 }
 
 template <int D, typename KV, int kHeads>
-Status launch_heads(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, int* counters,
-                    cudaStream_t stream) {
+Status launch_heads(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
   const dim3 grid(unsigned(a.n_seq), unsigned(a.n_head / kHeads), unsigned(plan.n_splits));
   if (a.softcap > 0.0f)
     launch_chained(attention_kernel<D, KV, kHeads, true>, grid, kAttnThreads, 0, stream, a, plan.keys_per_split,
-                   plan.n_splits, partial, counters);
+                   plan.n_splits, partial);
   else
     launch_chained(attention_kernel<D, KV, kHeads, false>, grid, kAttnThreads, 0, stream, a, plan.keys_per_split,
-                   plan.n_splits, partial, counters);
-  return launch_status("attention_kernel");
+                   plan.n_splits, partial);
+  if (Status s = launch_status("attention_kernel"); !s.ok()) return s;
+  if (plan.n_splits == 1) return Status();
+  launch_chained(combine_kernel<D>, dim3(unsigned(a.n_seq), unsigned(a.n_head)), D, 0, stream, a, plan.n_splits,
+                 partial);
+  return launch_status("attention combine_kernel");
 }
 
 template <int D, typename KV>
-Status launch_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, int* counters,
-                  cudaStream_t stream) {
+Status launch_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
   switch (plan.heads_per_block) {
-    case 1: return launch_heads<D, KV, 1>(a, plan, partial, counters, stream);
-    case 2: return launch_heads<D, KV, 2>(a, plan, partial, counters, stream);
-    case 4: return launch_heads<D, KV, 4>(a, plan, partial, counters, stream);
+    case 1: return launch_heads<D, KV, 1>(a, plan, partial, stream);
+    case 2: return launch_heads<D, KV, 2>(a, plan, partial, stream);
+    case 4: return launch_heads<D, KV, 4>(a, plan, partial, stream);
     default:
-      if constexpr (D <= 128) return launch_heads<D, KV, 8>(a, plan, partial, counters, stream);
+      if constexpr (D <= 128) return launch_heads<D, KV, 8>(a, plan, partial, stream);
       return Status::invalid("decode_attention: internal: 8 heads per block with head_dim 256");
   }
 }
 
 // Launches for one head size, both cache types (explicitly instantiated per head size).
 template <int D>
-Status launch_head_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, int* counters,
-                       cudaStream_t stream) {
-  if (a.cache_type == GgmlType::F16) return launch_dim<D, __half>(a, plan, partial, counters, stream);
-  return launch_dim<D, float>(a, plan, partial, counters, stream);
+Status launch_head_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
+  if (a.cache_type == GgmlType::F16) return launch_dim<D, __half>(a, plan, partial, stream);
+  return launch_dim<D, float>(a, plan, partial, stream);
 }
-extern template Status launch_head_dim<64>(const DecodeAttentionArgs&, const SplitPlan&, float*, int*, cudaStream_t);
-extern template Status launch_head_dim<128>(const DecodeAttentionArgs&, const SplitPlan&, float*, int*, cudaStream_t);
-extern template Status launch_head_dim<256>(const DecodeAttentionArgs&, const SplitPlan&, float*, int*, cudaStream_t);
+extern template Status launch_head_dim<64>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
+extern template Status launch_head_dim<128>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
+extern template Status launch_head_dim<256>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
 
 }  // namespace kiln::cuda::detail

@@ -93,14 +93,13 @@ std::optional<std::string> CudaBackend::supports(Op op, std::span<const GgmlType
   return std::nullopt;
 }
 
-void* CudaBackend::scratch(Scratch& s, size_t bytes, bool zeroed) {
+void* CudaBackend::scratch(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;
   // Grow by half again, so a slowly rising need does not allocate every time.
   const size_t grown = std::max(bytes, s.bytes + s.bytes / 2);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, grown + cuda_memory::kSlack);
   if (e != cudaSuccess) fail("cuda backend: cannot allocate {} bytes of scratch: {}", grown, cudaGetErrorString(e));
-  if (zeroed) check(cudaMemsetAsync(p, 0, grown, stream_), "cudaMemsetAsync (scratch)");
   device_allocations_.push_back(p);  // the old region stays alive for graphs that use it
   s.data = p;
   s.bytes = grown;

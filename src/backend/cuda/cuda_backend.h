@@ -100,8 +100,7 @@ class CudaBackend final : public Backend {
     void* data = nullptr;
     size_t bytes = 0;
   };
-  // `zeroed`: a new region is cleared once (on the stream, before anything recorded after).
-  void* scratch(Scratch& s, size_t bytes, bool zeroed = false);
+  void* scratch(Scratch& s, size_t bytes);
   // Host -> device through the pinned staging buffer (weights: chunked, synchronous).
   void stage_upload(const void* host, void* dst, size_t bytes);
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
@@ -192,7 +191,6 @@ class CudaBackend final : public Backend {
   size_t weight_bytes_ = 0;
   Scratch q8_scratch_, matmul_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;
-  Scratch attention_counters_;  // zeroed; decode attention leaves them zero
   int device_sms_ = 0;
 };
 

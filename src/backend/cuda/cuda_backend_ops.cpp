@@ -471,10 +471,8 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   a.out = out.as<float>(), a.out_stride = int64_t(out.nb[1] / 4);
   const size_t need = cuda::decode_attention_scratch_bytes(a);
   void* sp = need ? scratch(attention_scratch_, need) : nullptr;
-  const size_t n_counters = cuda::decode_attention_counters(a);
-  int* counters = n_counters ? static_cast<int*>(scratch(attention_counters_, n_counters * sizeof(int), true)) : nullptr;
   sig.v(a.max_context);
-  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, sp, need, counters, s); }, "attention");
+  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, sp, need, s); }, "attention");
 }
 
 void CudaBackend::glu(const Tensor& gate, const Tensor& up, const GluParams& p, Tensor& out) {
