@@ -38,6 +38,12 @@ class FusedOps : public ::testing::Test {
     for (int64_t d : shape) n *= d;
     return floats(shape, random_floats(rng_, size_t(n), -1.5f, 1.5f));
   }
+  Tensor ints(const std::vector<int32_t>& v) {
+    buffers_.push_back(gpu_->allocate(v.size() * 4));
+    Tensor t = buffers_.back()->view(GgmlType::I32, {int64_t(v.size())});
+    gpu_->upload(v.data(), t, v.size() * 4);
+    return t;
+  }
   Tensor poisoned(int64_t n, int64_t T) { return floats({n, T}, std::vector<float>(size_t(n * T), NAN)); }
   Tensor weight(GgmlType type, int64_t K, int64_t N) {
     const int64_t row_bytes = K / traits(type).block_size * traits(type).type_size;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/half.h"
 #include "fused_ops_fixture.h"
 
 namespace kiln::testing {
@@ -212,6 +213,74 @@ TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
         for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
         EXPECT_EQ(differ, 0u) << (which ? "value" : "key") << " cache: " << differ << " bytes differ";
       }
+    }
+  }
+}
+
+// q/k head norms with the rope and the cache store (one rope_store launch) vs rmsnorm on the
+// heads then rope_kv_store. The norm's sum of squares is added in another order, so the
+// values agree to a few ulp, not bit for bit.
+TEST_F(FusedOps, NormRopeKvStoreMatchesHeadNormsThenRopeKvStore) {
+  struct Case {
+    int head_dim, n_head, n_kv, tokens;
+    bool q_norm, k_norm;
+  };
+  const Case cases[] = {{128, 32, 4, 1, true, true}, {64, 6, 2, 3, true, false}, {256, 4, 1, 2, false, true}};
+  const int64_t n_slots = 24;
+  for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(type_name(cache_type)) + " head_dim " + std::to_string(c.head_dim) + " heads " +
+                   std::to_string(c.n_head) + "/" + std::to_string(c.n_kv) + " T " + std::to_string(c.tokens));
+      const int64_t T = c.tokens, q_width = int64_t(c.n_head) * c.head_dim, kv_width = int64_t(c.n_kv) * c.head_dim;
+      RopeParams rope;
+      rope.n_rot = c.head_dim;
+      rope.style = RopeStyle::Neox;
+      rope.freq_base = 1000000.0f;
+      std::vector<int32_t> positions, slots;
+      for (int64_t t = 0; t < T; ++t) positions.push_back(int32_t(300 * t + 5)), slots.push_back(int32_t(20 - 3 * t));
+      const std::vector<float> q_host = random_floats(rng_, size_t(q_width * T), -2.0f, 2.0f);
+      const std::vector<float> k_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
+      const std::vector<float> v_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
+      const Tensor qn = c.q_norm ? random({c.head_dim}) : Tensor{}, kn = c.k_norm ? random({c.head_dim}) : Tensor{};
+      std::vector<float> q_out[2], k_out[2], cache_k[2], cache_v[2];
+      for (int side = 0; side < 2; ++side) {
+        Tensor q = floats({q_width, T}, q_host), k = floats({kv_width, T}, k_host), v = floats({kv_width, T}, v_host);
+        const Tensor pos = ints(positions), slot = ints(slots);
+        KvLayer cache;
+        cache.block_size = 8;
+        const size_t elem = cache_type == GgmlType::F16 ? 2 : 4;
+        for (Tensor* t : {&cache.k, &cache.v}) {
+          buffers_.push_back(gpu_->allocate(size_t(kv_width * n_slots) * elem));
+          *t = buffers_.back()->view(cache_type, {kv_width, n_slots});
+        }
+        Tensor qh = q.reshape({c.head_dim, c.n_head, T}), kh = k.reshape({c.head_dim, c.n_kv, T});
+        if (side == 0)
+          gpu_->norm_rope_kv_store(qh, kh, v, qn, kn, 1e-6f, pos, rope, cache, slot);
+        else
+          gpu_->Backend::norm_rope_kv_store(qh, kh, v, qn, kn, 1e-6f, pos, rope, cache, slot);
+        q_out[side] = host(q), k_out[side] = host(k);
+        for (int which = 0; which < 2; ++which) {
+          const Tensor& ct = which ? cache.v : cache.k;
+          std::vector<uint8_t> raw(ct.bytes());
+          gpu_->download(ct, raw.data(), raw.size());
+          std::vector<float>& dst = which ? cache_v[side] : cache_k[side];
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < kv_width; ++i) {
+              const size_t at = size_t(slots[size_t(t)] * kv_width + i);
+              uint16_t h = 0;
+              if (elem == 2) std::memcpy(&h, raw.data() + 2 * at, 2);
+              float f = 0;
+              if (elem == 4) std::memcpy(&f, raw.data() + 4 * at, 4);
+              dst.push_back(elem == 2 ? f16_to_f32(h) : f);
+            }
+        }
+      }
+      auto as_double = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+      EXPECT_TRUE(all_close(q_out[0], as_double(q_out[1]), 2e-6, 1e-7, "q"));
+      EXPECT_TRUE(all_close(k_out[0], as_double(k_out[1]), 2e-6, 1e-7, "k"));
+      const double cache_rel = cache_type == GgmlType::F16 ? 1e-3 : 2e-6;  // one f16 step either way
+      EXPECT_TRUE(all_close(cache_k[0], as_double(cache_k[1]), cache_rel, 1e-7, "key cache"));
+      EXPECT_TRUE(all_equal_bits(cache_v[0], cache_v[1], "value cache"));
     }
   }
 }

@@ -32,12 +32,6 @@ class PairEpilogues : public FusedOps {
     gpu_->upload(bytes.data(), t, bytes.size());
     return t;
   }
-  Tensor ints(const std::vector<int32_t>& v) {
-    buffers_.push_back(gpu_->allocate(v.size() * 4));
-    Tensor t = buffers_.back()->view(GgmlType::I32, {int64_t(v.size())});
-    gpu_->upload(v.data(), t, v.size() * 4);
-    return t;
-  }
   std::vector<uint8_t> raw(const Tensor& t) {
     std::vector<uint8_t> v(t.bytes());
     gpu_->download(t, v.data(), v.size());

@@ -23,6 +23,7 @@
 #include "backend/cuda/graph.h"
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope_store.h"
 
 namespace kiln {
 
@@ -74,6 +75,9 @@ class CudaBackend final : public Backend {
   void kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) override;
   void rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                      const RopeParams& params, KvLayer& cache, const Tensor& slots) override;
+  void norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
+                          const Tensor& k_norm, float eps, const Tensor& positions, const RopeParams& params,
+                          KvLayer& cache, const Tensor& slots) override;
   void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& params,
                  Tensor& out) override;
   void glu(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& out) override;
@@ -140,6 +144,8 @@ class CudaBackend final : public Backend {
   std::vector<RopeTable> rope_tables_;
   const float* rope_table_for(const cuda::RopeArgs& rope, uint64_t key);
   void flush_pending_products();
+  bool record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                         const RopeParams& params, KvLayer& cache, const Tensor& slots, const cuda::HeadNorms& norms);
   // At most one of the two is pending; this records it.
   void flush_pending();
   // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false
