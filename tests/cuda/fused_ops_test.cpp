@@ -1,5 +1,6 @@
 // The CUDA backend's fused decode paths against the same products run apart, bit for bit:
-//   - matmul_parts (q/k/v or gate/up as one grouped launch) vs one matmul per weight;
+//   - matmul_parts (q/k/v or gate/up as one grouped launch, one per weight type when they
+//     differ) vs one matmul per weight;
 //   - rmsnorm / add_rmsnorm / glu writing the int8 copy of their output for the next matmul
 //     vs that matmul quantizing the output itself;
 //   - rmsnorm_matmul_parts (the norm computed inside the products' launch) vs the products
@@ -36,6 +37,59 @@ TEST_F(FusedOps, MatmulPartsMatchSeparateMatmuls) {
         EXPECT_TRUE(all_equal_bits(host(q), apart(x, wq, none), "q"));
         EXPECT_TRUE(all_equal_bits(host(k), apart(x, wk, bias), "k (with bias)"));
         EXPECT_TRUE(all_equal_bits(host(v), apart(x, wv, none), "v"));
+      }
+    }
+  }
+}
+
+// Parts of different weight types (Q4_K_M: q4_K q/k with a q6_K v; also a q6_K part first and
+// last around another type) run as one launch per type: x quantized inside each launch, x
+// left by rmsnorm with its int8 copy (quantized once for all launches), the norm inside.
+// 2048 and 4096 columns fit the grouped q6_K kernel.
+TEST_F(FusedOps, MixedTypePartsMatchSeparateMatmuls) {
+  constexpr float kEps = 1e-5f;
+  const GgmlType orders[][3] = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
+                                {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q6_K}};
+  for (const auto& types : orders) {
+    for (int64_t K : {2048, 4096}) {
+      for (int64_t T : {1, 3}) {
+        for (int mode = 0; mode < 3; ++mode) {
+          const bool after_norm = mode == 1, with_norm = mode == 2;
+          SCOPED_TRACE(std::string(type_name(types[0])) + "/" + std::string(type_name(types[1])) + "/" +
+                       std::string(type_name(types[2])) +
+                       " K " + std::to_string(K) + " T " + std::to_string(T) +
+                       (after_norm ? " after rmsnorm" : with_norm ? " norm inside" : ""));
+          const std::vector<float> x_host = random_floats(rng_, size_t(K * T), -1.5f, 1.5f);
+          const std::vector<float> w_host = random_floats(rng_, size_t(K), 0.5f, 1.5f);
+          Tensor x = floats({K, T}, x_host);
+          const Tensor norm_w = floats({K}, w_host);
+          const Tensor wq = weight(types[0], K, 200), wk = weight(types[1], K, 33), wv = weight(types[2], K, 64);
+          const Tensor bias = random({33}), none;
+          Tensor normed = poisoned(K, T), q = poisoned(200, T), k = poisoned(33, T), v = poisoned(64, T);
+          const Backend::MatmulPart parts[] = {{&wq, &none, &q}, {&wk, &bias, &k}, {&wv, nullptr, &v}};
+          if (with_norm) {
+            gpu_->rmsnorm_matmul_parts(x, norm_w, kEps, normed, parts);
+          } else {
+            if (after_norm) gpu_->rmsnorm(x, Tensor{}, kEps, x);
+            else gpu_->scale(x, 1.0f, x);
+            gpu_->matmul_parts(x, parts);
+          }
+          Tensor& input = with_norm ? normed : x;
+          if (with_norm) {
+            std::vector<double> want(size_t(K * T));
+            for (int64_t t = 0; t < T; ++t) {
+              double sum_sq = 0;
+              for (int64_t i = 0; i < K; ++i) sum_sq += double(x_host[size_t(t * K + i)]) * x_host[size_t(t * K + i)];
+              const double inv = 1.0 / std::sqrt(sum_sq / double(K) + kEps);
+              for (int64_t i = 0; i < K; ++i)
+                want[size_t(t * K + i)] = x_host[size_t(t * K + i)] * inv * w_host[size_t(i)];
+            }
+            EXPECT_TRUE(all_close(host(normed), want, 2e-6, 0.0, "normed vs double rmsnorm"));
+          }
+          EXPECT_TRUE(all_equal_bits(host(q), apart(input, wq, none), "q"));
+          EXPECT_TRUE(all_equal_bits(host(k), apart(input, wk, bias), "k (with bias)"));
+          EXPECT_TRUE(all_equal_bits(host(v), apart(input, wv, none), "v"));
+        }
       }
     }
   }
@@ -102,7 +156,7 @@ TEST_F(FusedOps, NormInsideProductsMatchesProductsOfTheNormedVector) {
 TEST_F(FusedOps, MatmulAddWritesTheProductAndAddsItToTheResidual) {
   const int64_t K = 4096, N = 300;
   // f16 weights are not grouped-kernel weights: the composed ops run.
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16}) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16}) {
     for (int64_t T : {1, 3}) {
       // x fresh (quantized inside the product), or left by rmsnorm with its int8 copy.
       for (bool after_norm : {false, true}) {

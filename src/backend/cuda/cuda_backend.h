@@ -109,9 +109,9 @@ class CudaBackend final : public Backend {
   void stage_upload(const void* host, void* dst, size_t bytes);
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
-  // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp); with
-  // `residual`, the one part's output is also added to it.
-  void record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts, Tensor* residual);
+  // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp), one per
+  // weight type; with `residual`, the one part's output is also added to it.
+  void record_grouped(const Tensor& x, std::span<const MatmulPart> parts, Tensor* residual);
   // A matmul_add that runs as a plain product leaves its residual add pending: the next
   // rmsnorm of that residual takes it in as one add_rmsnorm (prefill, and float weights in
   // decode, keep the fused add-and-norm they had before the products took the adds). Any

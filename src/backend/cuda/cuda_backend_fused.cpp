@@ -1,15 +1,16 @@
-// The CUDA backend's fused products in decode, each one grouped-matvec launch per token:
+// The CUDA backend's fused products in decode, one grouped-matvec launch per weight type and
+// token:
 //   - matmul_parts: several weights over one input (q/k/v, gate/up);
 //   - rmsnorm_matmul_parts: the same with the input's RMS norm computed inside the launch
 //     (every block normalizes and quantizes x itself; no norm kernel runs before);
 //   - matmul_add: a product whose epilogue also adds it to the residual stream;
 //   - the launch of two or three parts is held back (PendingProducts) and takes the next op
 //     into its epilogue when it can: rope_kv_store after q/k/v.
-// Anything the grouped kernel does not take (exact mode, weight types other than q4_0 /
-// q8_0 / q4_K, mixed types or widths) runs as the composed ops of backend.h; prefill
-// batches of matmul_parts go to cuda_backend_prefill.cpp.
+// Parts of different types (q4_K q/k with a q6_K v in Q4_K_M) run as one launch per type,
+// each computing the norm again. Anything the grouped kernel does not take (exact mode,
+// weight types other than q4_0 / q8_0 / q4_K / q6_K, mixed widths) runs as the composed ops of
+// backend.h; prefill batches of matmul_parts go to cuda_backend_prefill.cpp.
 #include <array>
-#include <optional>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/matvec_grouped.h"
@@ -39,28 +40,32 @@ bool overlaps(const float* a, int64_t a_floats, const float* b, int64_t b_floats
 // Floats spanned by the T rows of a packed f32 tensor.
 int64_t span_floats(const Tensor& t) { return (t.ne[1] - 1) * int64_t(t.nb[1] / 4) + t.ne[0]; }
 
-// The weight type when the grouped kernel can take these parts over x in one launch per
-// token: decode batch, one quantized type of the kernel's, one width, packed f32 outputs
-// that do not overlap x.
-std::optional<GgmlType> grouped_type(const CudaOptions& o, const Tensor& x, std::span<const Backend::MatmulPart> parts) {
+// Whether the grouped kernel can take these parts over x, one launch per weight type and
+// token: decode batch, weight types of the kernel's, one width, one row stride per type,
+// packed f32 outputs that do not overlap x.
+bool grouped_fits(const CudaOptions& o, const Tensor& x, std::span<const Backend::MatmulPart> parts) {
   const int64_t K = x.ne[0], T = x.ne[1];
   if (o.exact || !o.fused || parts.empty() || parts.size() > size_t(cuda::kMaxMatvecParts) || !packed_f32(x) ||
       T > kMaxTokens)
-    return std::nullopt;
-  const GgmlType type = parts[0].w->dtype;
-  if (type != GgmlType::Q4_0 && type != GgmlType::Q8_0 && type != GgmlType::Q4_K) return std::nullopt;
+    return false;
   for (const Backend::MatmulPart& p : parts) {
     KILN_CHECK(p.w && p.out, "cuda matmul_parts: a part lacks its weight or output");
     const Tensor& w = *p.w;
     const Tensor& out = *p.out;
     const Tensor bias = p.bias ? *p.bias : Tensor{};
-    const bool fits = w.dtype == type && w.device == Device::Cuda && w.ne[0] == K && w.ne[2] == 1 && w.ne[3] == 1 &&
-                      w.nb[1] == parts[0].w->nb[1] && packed_f32(out) && out.ne[0] == w.ne[1] && out.ne[1] == T &&
-                      (bias.empty() || (packed_f32(bias) && bias.elements() == w.ne[1])) &&
+    bool same_stride = true;  // as the first part of its type
+    for (const Backend::MatmulPart& q : parts)
+      if (q.w->dtype == w.dtype) {
+        same_stride = q.w->nb[1] == w.nb[1];
+        break;
+      }
+    const bool fits = cuda::matvec_grouped_type(w.dtype) && w.device == Device::Cuda && w.ne[0] == K &&
+                      w.ne[2] == 1 && w.ne[3] == 1 && same_stride && packed_f32(out) && out.ne[0] == w.ne[1] &&
+                      out.ne[1] == T && (bias.empty() || (packed_f32(bias) && bias.elements() == w.ne[1])) &&
                       !overlaps(out.as<float>(), span_floats(out), x.as<float>(), span_floats(x));
-    if (!fits) return std::nullopt;
+    if (!fits) return false;
   }
-  return type;
+  return true;
 }
 
 // The kernel's view of the parts (token 0), with each output's row stride in floats.
@@ -93,6 +98,37 @@ GroupedParts grouped_parts(std::span<const Backend::MatmulPart> parts) {
     g.y_stride[i] = int64_t(parts[i].out->nb[1] / 4);
   }
   return g;
+}
+
+// One launch's parts: those of one weight type (one row stride), kept in call order.
+struct TypedLaunch {
+  GgmlType type = GgmlType::F32;
+  int64_t w_row = 0;
+  GroupedParts g;
+};
+struct TypedLaunches {
+  std::array<TypedLaunch, cuda::kMaxMatvecParts> at{};
+  size_t n = 0;
+};
+
+// The parts split by weight type, launches in the order of each type's first part.
+TypedLaunches launches_by_type(std::span<const Backend::MatmulPart> parts) {
+  TypedLaunches l;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const GgmlType type = parts[i].w->dtype;
+    bool seen = false;
+    for (size_t j = 0; j < i; ++j) seen = seen || parts[j].w->dtype == type;
+    if (seen) continue;
+    std::array<Backend::MatmulPart, cuda::kMaxMatvecParts> same{};
+    size_t n = 0;
+    for (size_t j = i; j < parts.size(); ++j)
+      if (parts[j].w->dtype == type) same[n++] = parts[j];
+    TypedLaunch& launch = l.at[l.n++];
+    launch.type = type;
+    launch.w_row = int64_t(parts[i].w->nb[1]);
+    launch.g = grouped_parts(std::span<const Backend::MatmulPart>(same.data(), n));
+  }
+  return l;
 }
 
 void hash_parts(cuda::SignatureHash& h, std::span<const Backend::MatmulPart> parts) {
@@ -196,45 +232,49 @@ const float* CudaBackend::rope_table_for(const cuda::RopeArgs& rope, uint64_t ke
 void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
   using namespace cuda_fused;
   if (x.ne[1] > kMaxTokens && matmul_parts_prefill(x, parts)) return;
-  const std::optional<GgmlType> type = grouped_type(options_, x, parts);
-  if (!type) return Backend::matmul_parts(x, parts);
-  record_grouped(x, *type, parts, nullptr);
+  if (!grouped_fits(options_, x, parts)) return Backend::matmul_parts(x, parts);
+  record_grouped(x, parts, nullptr);
 }
 
 void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) {
   using namespace cuda_fused;
   const MatmulPart part{&w, &bias, &out};
-  const std::optional<GgmlType> type = grouped_type(options_, x, std::span(&part, 1));
-  const bool fits = type && packed_f32(residual) && residual.ne[0] == out.ne[0] && residual.ne[1] == out.ne[1] &&
-                    residual.nb[1] == out.nb[1] &&
+  const bool fits = grouped_fits(options_, x, std::span(&part, 1)) && packed_f32(residual) &&
+                    residual.ne[0] == out.ne[0] && residual.ne[1] == out.ne[1] && residual.nb[1] == out.nb[1] &&
                     !overlaps(residual.as<float>(), span_floats(residual), out.as<float>(), span_floats(out)) &&
                     !overlaps(residual.as<float>(), span_floats(residual), x.as<float>(), span_floats(x));
   if (!fits) {
     matmul(x, w, bias, out);
     return defer_add(out, residual);
   }
-  record_grouped(x, *type, std::span(&part, 1), &residual);
+  record_grouped(x, std::span(&part, 1), &residual);
 }
 
-// One launch per token over x: reusing the int8 copy an earlier op left of x (rmsnorm, glu,
-// a product over the same x), else quantizing x inside the launch.
-void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts,
-                                 Tensor* residual) {
+// One launch per weight type and token over x: reusing the int8 copy an earlier op left of x
+// (rmsnorm, glu, a product over the same x), else quantizing x inside each launch.
+void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> parts, Tensor* residual) {
   using namespace cuda_fused;
   const int64_t K = x.ne[0], T = x.ne[1];
-  GroupedParts g = grouped_parts(parts);
+  TypedLaunches launches = launches_by_type(parts);
   float* accumulate = residual ? residual->as<float>() : nullptr;
-  g.mv[0].accumulate = accumulate;
+  KILN_CHECK(!accumulate || parts.size() == 1, "cuda matmul_add: {} parts, one expected", parts.size());
+  launches.at[0].g.mv[0].accumulate = accumulate;
   const size_t per_token = q8_row_bytes(K);
   auto* q8 = static_cast<uint8_t*>(scratch(q8_scratch_, per_token * kMaxTokens));
-  const int64_t w_row = int64_t(parts[0].w->nb[1]), xs = int64_t(x.nb[1] / 4);
+  const int64_t xs = int64_t(x.nb[1] / 4);
   const float* xp = x.as<float>();
   const QuantizedInput input{xp, K, T, xs, q8};
   const bool reuse = quantized_input_ == input;
   cuda::F32Input f32;
   f32.x = xp;
-  const bool from_f32 = !reuse && cuda::matvec_parts_f32_fit(type, K, w_row, g.view(g.mv), f32);
-  if (!from_f32 && !cuda::matvec_parts_fit(type, K, w_row, g.view(g.mv), cuda::q8_vector_in(q8, K))) {
+  bool from_f32 = !reuse, from_q8 = true;
+  for (size_t i = 0; i < launches.n; ++i) {
+    const TypedLaunch& l = launches.at[i];
+    const auto mv = l.g.view(l.g.mv);
+    from_f32 = from_f32 && cuda::matvec_parts_f32_fit(l.type, K, l.w_row, mv, f32);
+    from_q8 = from_q8 && cuda::matvec_parts_fit(l.type, K, l.w_row, mv, cuda::q8_vector_in(q8, K));
+  }
+  if (!from_f32 && !from_q8) {
     // Alignment or width the grouped kernel does not take: the plain ops.
     if (!accumulate) return Backend::matmul_parts(x, parts);
     matmul(x, *parts[0].w, parts[0].bias ? *parts[0].bias : Tensor{}, *parts[0].out);
@@ -246,26 +286,27 @@ void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const
   hash_parts(h, parts);
   ProductsLaunch launch = [=](cudaStream_t s, const cuda::PairEpilogue& ep) {
     for (int64_t t = 0; t < T; ++t) {
-      const auto row = g.token(t);
-      const cuda::PairEpilogue token_ep = epilogue_for_token(ep, t);
-      if (from_f32) {
+      const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
+      if (!from_f32 && !reuse)
+        if (cuda::Status st = cuda::quantize_q8(xp + t * xs, K, xq, s); !st.ok()) return st;
+      const cuda::PairEpilogue token_ep = epilogue_for_token(ep, t);  // one launch only (deferred ones)
+      for (size_t i = 0; i < launches.n; ++i) {
+        const TypedLaunch& l = launches.at[i];
+        const auto row = l.g.token(t);
         cuda::F32Input in;
         in.x = xp + t * xs;
-        if (cuda::Status st = cuda::matvec_f32_parts(type, K, w_row, g.view(row), in, s, token_ep); !st.ok())
-          return st;
-        continue;
+        const cuda::Status st = from_f32 ? cuda::matvec_f32_parts(l.type, K, l.w_row, l.g.view(row), in, s, token_ep)
+                                         : cuda::matvec_q8_parts(l.type, K, l.w_row, l.g.view(row), xq, s, token_ep);
+        if (!st.ok()) return st;
       }
-      const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
-      if (!reuse)
-        if (cuda::Status st = cuda::quantize_q8(xp + t * xs, K, xq, s); !st.ok()) return st;
-      if (cuda::Status st = cuda::matvec_q8_parts(type, K, w_row, g.view(row), xq, s, token_ep); !st.ok()) return st;
     }
     return cuda::Status();
   };
   // The int8 copy of x stays valid for the next product over x (no output overlaps x), but
   // only where it was written to the scratch.
   const QuantizedInput after = from_f32 ? QuantizedInput{} : input;
-  if (!accumulate && parts.size() >= 2) {
+  // Held back where the next op may join the launch's epilogue (one launch: one type).
+  if (!accumulate && parts.size() >= 2 && launches.n == 1) {
     quantized_input_ = after;
     return defer_products(h, T, parts, K, std::move(launch), "matmul_parts");
   }
@@ -276,40 +317,44 @@ void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const
 void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
                                        std::span<const MatmulPart> parts) {
   using namespace cuda_fused;
-  const std::optional<GgmlType> type = grouped_type(options_, normed, parts);
   const int64_t K = x.ne[0], T = x.ne[1];
-  bool fits = type && packed_f32(x) && packed_f32(normed) && normed.ne[0] == K && normed.ne[1] == T &&
-              packed_f32(norm_weight) && norm_weight.elements() == K &&
+  bool fits = grouped_fits(options_, normed, parts) && packed_f32(x) && packed_f32(normed) && normed.ne[0] == K &&
+              normed.ne[1] == T && packed_f32(norm_weight) && norm_weight.elements() == K &&
               !overlaps(normed.as<float>(), span_floats(normed), x.as<float>(), span_floats(x));
   for (const MatmulPart& p : parts)
     fits = fits && !overlaps(p.out->as<float>(), span_floats(*p.out), x.as<float>(), span_floats(x));
-  GroupedParts g = fits ? grouped_parts(parts) : GroupedParts{};
-  const int64_t w_row = fits ? int64_t(parts[0].w->nb[1]) : 0;
+  const TypedLaunches launches = fits ? launches_by_type(parts) : TypedLaunches{};
   cuda::F32Input in;
   in.x = x.as<float>(), in.norm_weight = norm_weight.as<float>(), in.eps = eps, in.normed = normed.as<float>();
-  if (!fits || !cuda::matvec_parts_f32_fit(*type, K, w_row, g.view(g.mv), in))
-    return Backend::rmsnorm_matmul_parts(x, norm_weight, eps, normed, parts);
+  for (size_t i = 0; i < launches.n; ++i) {
+    const TypedLaunch& l = launches.at[i];
+    fits = fits && cuda::matvec_parts_f32_fit(l.type, K, l.w_row, l.g.view(l.g.mv), in);
+  }
+  if (!fits) return Backend::rmsnorm_matmul_parts(x, norm_weight, eps, normed, parts);
 
   const int64_t xs = int64_t(x.nb[1] / 4), ns = int64_t(normed.nb[1] / 4);
-  const GgmlType t_type = *type;
   cuda::SignatureHash h;
   h.pod(Op::RmsNorm), h.pod(parts.size()), h.pod(eps);
   hash_tensor(h, x), hash_tensor(h, norm_weight), hash_tensor(h, normed);
   hash_parts(h, parts);
   ProductsLaunch launch = [=](cudaStream_t s, const cuda::PairEpilogue& ep) {
     for (int64_t t = 0; t < T; ++t) {
-      const auto row = g.token(t);
-      cuda::F32Input token_in = in;
-      token_in.x += t * xs;
-      token_in.normed += t * ns;
-      if (cuda::Status st = cuda::matvec_f32_parts(t_type, K, w_row, g.view(row), token_in, s,
-                                                   epilogue_for_token(ep, t));
-          !st.ok())
-        return st;
+      // Every launch normalizes x itself; the first one writes `normed`.
+      const cuda::PairEpilogue token_ep = epilogue_for_token(ep, t);  // one launch only (deferred ones)
+      for (size_t i = 0; i < launches.n; ++i) {
+        const TypedLaunch& l = launches.at[i];
+        const auto row = l.g.token(t);
+        cuda::F32Input token_in = in;
+        token_in.x += t * xs;
+        token_in.normed = i == 0 ? token_in.normed + t * ns : nullptr;
+        if (cuda::Status st = cuda::matvec_f32_parts(l.type, K, l.w_row, l.g.view(row), token_in, s, token_ep);
+            !st.ok())
+          return st;
+      }
     }
     return cuda::Status();
   };
-  if (parts.size() >= 2) {
+  if (parts.size() >= 2 && launches.n == 1) {
     quantized_input_ = {};
     return defer_products(h, T, parts, K, std::move(launch), "rmsnorm_matmul_parts");
   }

@@ -1,5 +1,5 @@
-// Decode matvec for q4_0 and q8_0 weights read in groups of 8 blocks, and q4_K weights read
-// a super-block (256 weights, 144 bytes) at a time (see matvec.h for the contract;
+// Decode matvec for q4_0 and q8_0 weights read in groups of 8 blocks, and q4_K / q6_K weights
+// read a super-block (256 weights, 144 / 210 bytes) at a time (see matvec.h for the contract;
 // matvec_q8 takes this path when matvec_grouped_fits says so).
 //
 // Why groups: q4_0 (18 bytes) and q8_0 (34 bytes) blocks are only 2-byte aligned, so a lane
@@ -105,8 +105,80 @@ struct GroupQ4_K {
   }
 };
 
+// A q6_K super-block: 128 bytes of low nibbles (ql), 64 bytes of high 2-bit pairs (qh), 16
+// int8 scales (one per 16 weights), the f16 d. In half h (128 weights) the 32 weights of
+// block 4h+k take their low nibbles from ql bytes 64h + 32(k%2) .. +31 (low nibble for k < 2,
+// high for k >= 2) and their top two bits from qh bytes 128 + 32h .. +31 at bit 2k; weight i
+// of that block is d * scale[8h + 2k + i/16] * (level - 32).
+//
+// Why not aligned 16-byte loads as the other formats: 210 bytes is 13 x 16 + 2, so only every
+// 8th super-block (8 x 210 = 105 x 16) starts on a 16-byte boundary. A group of 8 super-blocks
+// per lane would need 8x the staging memory. Instead a chunk of 16 or 32 consecutive
+// super-blocks (3360 / 6720 bytes, a multiple of 16 that starts on one, since chunks start at
+// multiples of 16 super-blocks) is staged with the same 16-byte asynchronous copies, and each
+// lane reads its 210 bytes from shared memory with 53 4-byte loads from the 4-byte boundary
+// at or before it (lanes are 52.5 words apart: at most 2 lanes share a bank), then shifts the
+// words by 0 or 16 bits so that every field sits at a compile-time place, as in the other
+// formats. (14 16-byte loads from the 16-byte boundary before the group would be free of
+// conflicts, but leave the group at a run-time offset of 0-14 bytes: about three selects and
+// shifts per word to undo, against one funnel shift here.)
+// A row's chunks stay 16-byte multiples only when its super-blocks are a multiple of 8
+// (cols % 2048 == 0): matvec_grouped_fits checks it.
+struct GroupQ6_K {
+  static constexpr int kGroupBytes = 210;
+  static constexpr int kWords = 53;  // 52.5 words; the last one's upper half is not read
+  __device__ static void load(const uint8_t* group, uint32_t (&g)[kWords]) {
+    const int misalign = int(reinterpret_cast<uintptr_t>(group) % 4);  // 0 or 2: groups start on even bytes
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(group - misalign);
+    uint32_t words[kWords];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) words[k] = w[k];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) g[k] = __funnelshift_r(words[k], words[k + 1 < kWords ? k + 1 : k], 8 * misalign);
+  }
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int h = j / 4, k = j % 4;
+    const int ql = 16 * h + 8 * (k % 2), qh = 32 + 8 * h;  // word indices of the block's bytes
+    // Weights 0-15 and 16-31 have their own scales. The levels (0..63) are dotted as they
+    // are and the offset 32 taken off with the sum of x: one dot4 per word, where subtracting
+    // 32 from each byte of a word costs three instructions.
+    int sum[2] = {0, 0}, x_sum[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t low = (g[ql + i] >> (4 * (k / 2))) & 0x0F0F0F0Fu, high = (g[qh + i] >> (2 * k)) & 0x03030303u;
+      const uint32_t level = low | (high << 4);
+      sum[i / 4] = dot4(int(level), x[i], sum[i / 4]);
+      x_sum[i / 4] = dot4(0x01010101, x[i], x_sum[i / 4]);
+    }
+    const int s = 192 + 8 * h + 2 * k;  // byte of the first scale
+    const int scale0 = int(int8_t(g[s / 4] >> (8 * (s % 4)))), scale1 = int(int8_t(g[s / 4] >> (8 * (s % 4 + 1))));
+    const int total = scale0 * (sum[0] - 32 * x_sum[0]) + scale1 * (sum[1] - 32 * x_sum[1]);
+    return half_to_float(g[52] & 0xffffu) * ds.x * float(total);
+  }
+};
+
 template <typename Fmt>
 constexpr int group_bytes() { return Fmt::kGroupBytes; }
+
+// Registers a lane's group occupies, and its load from the stage (`group`: the lane's bytes).
+// Groups of a multiple of 16 bytes sit 16-byte aligned: plain 16-byte loads.
+template <typename Fmt>
+constexpr int group_words() { return (Fmt::kGroupBytes + 3) / 4; }
+
+template <typename Fmt>
+__device__ __forceinline__ void load_group(const uint8_t* group, uint32_t (&g)[group_words<Fmt>()]) {
+  if constexpr (Fmt::kGroupBytes % 16 == 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(group);
+#pragma unroll
+    for (int u = 0; u < Fmt::kGroupBytes / 16; ++u) {
+      const uint4 v = src[u];
+      g[4 * u] = v.x, g[4 * u + 1] = v.y, g[4 * u + 2] = v.z, g[4 * u + 3] = v.w;
+    }
+  } else {
+    Fmt::load(group, g);
+  }
+}
 
 template <typename Fmt>
 size_t grouped_smem_bytes(int64_t cols) {
@@ -243,7 +315,6 @@ __global__ void __launch_bounds__(kGroupedThreads)
                           const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
                           PairEpilogue ep) {
   constexpr int kG = group_bytes<Fmt>();
-  constexpr int kUnits = kG / 16;
   constexpr int kSlots = kWarpSize / kLanesPerRow;  // rows per task
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* x_s = smem;                                   // [groups][kXGroupBytes]
@@ -266,7 +337,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
     if (i < items) {
       const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
       const int first_group = chunk * kLanesPerRow;
-      const int n_pieces = min(kLanesPerRow, groups - first_group) * kUnits;
+      const int n_pieces = min(kLanesPerRow, groups - first_group) * kG / 16;  // whole: see matvec_grouped_fits
       uint8_t* dst_stage = my_stages + size_t(i & 1) * kWarpSize * kG;
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
@@ -312,13 +383,8 @@ __global__ void __launch_bounds__(kGroupedThreads)
     const int group = chunk * kLanesPerRow + li;
     const int row = task * kSlots + slot;
     if (group < groups && row < rows) {
-      uint32_t g[kUnits * 4];
-      const uint4* src = reinterpret_cast<const uint4*>(my_stages + size_t(i & 1) * kWarpSize * kG + lane * kG);
-#pragma unroll
-      for (int u = 0; u < kUnits; ++u) {
-        const uint4 v = src[u];
-        g[4 * u] = v.x, g[4 * u + 1] = v.y, g[4 * u + 2] = v.z, g[4 * u + 3] = v.w;
-      }
+      uint32_t g[group_words<Fmt>()];
+      load_group<Fmt>(my_stages + size_t(i & 1) * kWarpSize * kG + lane * kG, g);
       const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
       const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
 #pragma unroll
@@ -415,6 +481,8 @@ Status dispatch_type(GgmlType type, const GroupedSegments& seg, int64_t total_ro
     return dispatch_grouped<GroupQ4_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
   if (type == GgmlType::Q4_K)
     return dispatch_grouped<GroupQ4_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
+  if (type == GgmlType::Q6_K)
+    return dispatch_grouped<GroupQ6_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
   return dispatch_grouped<GroupQ8_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
 }
 
@@ -442,16 +510,31 @@ GroupedSegments segments_of(std::span<const MatvecPart> parts, int64_t* total_ro
 size_t smem_for(GgmlType type, int64_t cols) {
   if (type == GgmlType::Q4_0) return grouped_smem_bytes<GroupQ4_0>(cols);
   if (type == GgmlType::Q4_K) return grouped_smem_bytes<GroupQ4_K>(cols);
+  if (type == GgmlType::Q6_K) return grouped_smem_bytes<GroupQ6_K>(cols);
   return grouped_smem_bytes<GroupQ8_0>(cols);
+}
+
+int group_bytes_of(GgmlType type) {
+  if (type == GgmlType::Q4_0) return GroupQ4_0::kGroupBytes;
+  if (type == GgmlType::Q4_K) return GroupQ4_K::kGroupBytes;
+  if (type == GgmlType::Q6_K) return GroupQ6_K::kGroupBytes;
+  return GroupQ8_0::kGroupBytes;
 }
 
 
 }  // namespace detail
 
+bool matvec_grouped_type(GgmlType type) {
+  return type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+}
+
 bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
-  if (a.type != GgmlType::Q4_0 && a.type != GgmlType::Q8_0 && a.type != GgmlType::Q4_K) return false;
+  if (!matvec_grouped_type(a.type)) return false;
   if (a.rows_per_warp != 0 || a.warps_per_row != 0) return false;  // tuning knobs: the general kernel
   if (a.cols % detail::kGroupElems != 0 || a.rows >= (int64_t(1) << 30)) return false;
+  // Every chunk of a row (up to 32 groups, the last one partial) is copied in whole 16-byte
+  // pieces; for q6_K (210-byte groups) that needs a multiple of 8 groups.
+  if (a.cols / detail::kGroupElems * detail::group_bytes_of(a.type) % 16 != 0) return false;
   if (!detail::aligned16(a.w) || a.w_row_bytes % 16 != 0) return false;
   if (!detail::aligned16(xq.qs) || !detail::aligned16(xq.ds)) return false;
   return detail::smem_for(a.type, a.cols) <= 200 * 1024;
@@ -487,7 +570,8 @@ Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::sp
                        const Q8Vector& xq, cudaStream_t stream, const PairEpilogue& ep) {
   if (!matvec_parts_fit(type, cols, w_row_bytes, parts, xq) || xq.n != cols)
     return Status::invalid("matvec_q8_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
-                           " columns do not fit the grouped kernel (q4_0 / q8_0, 16-byte aligned, at most " +
+                           " columns do not fit the grouped kernel (q4_0 / q8_0 / q4_K / q6_K, 16-byte aligned, "
+                           "at most " +
                            std::to_string(kMaxMatvecParts) + " parts)");
   if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
     return Status::invalid("matvec_q8_parts: the pair epilogue does not fit");
@@ -512,7 +596,8 @@ Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::s
                         const F32Input& in, cudaStream_t stream, const PairEpilogue& ep) {
   if (!matvec_parts_f32_fit(type, cols, w_row_bytes, parts, in))
     return Status::invalid("matvec_f32_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
-                           " columns with f32 x do not fit the grouped kernel (q4_0 / q8_0 / q4_K, 16-byte aligned, "
+                            " columns with f32 x do not fit the grouped kernel (q4_0 / q8_0 / q4_K / q6_K, "
+                           "16-byte aligned, "
                            "at most " + std::to_string(kMaxF32InputCols) + " columns)");
   if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
     return Status::invalid("matvec_f32_parts: the pair epilogue does not fit");

@@ -1,6 +1,7 @@
 #pragma once
-// The grouped q4_0 / q8_0 decode matvec (matvec_grouped.cu): whole groups of 8 blocks per
-// lane, read with aligned 16-byte loads. matvec_q8 takes it when matvec_grouped_fits.
+// The grouped q4_0 / q8_0 / q4_K / q6_K decode matvec (matvec_grouped.cu): whole groups of
+// 256 weights per lane, staged with aligned 16-byte copies. matvec_q8 takes it when
+// matvec_grouped_fits.
 #include <span>
 
 #include "backend/cuda/matvec.h"
@@ -8,8 +9,12 @@
 
 namespace kiln::cuda {
 
-// q4_0 or q8_0 weights, cols a multiple of 256, weights, rows and the quantized x 16-byte
-// aligned, no tuning knobs set (those pick the general kernel).
+// Weight types the grouped kernel reads: q4_0, q8_0, q4_K, q6_K.
+bool matvec_grouped_type(GgmlType type);
+
+// One of those types, cols a multiple of 256 (of 2048 for q6_K, whose 210-byte super-blocks
+// reach a 16-byte boundary every 8), weights, rows and the quantized x 16-byte aligned, no
+// tuning knobs set (those pick the general kernel).
 bool matvec_grouped_fits(const MatvecArgs& args, const Q8Vector& xq);
 Status matvec_q8_grouped(const MatvecArgs& args, const Q8Vector& xq, cudaStream_t stream);
 
