@@ -223,6 +223,11 @@ class Backend {
   // do all three in one pass (CUDA does); the default runs rope, rope, kv_store.
   virtual void rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                              const RopeParams& params, KvLayer& cache, const Tensor& slots);
+  // The same after per-head RMS norms of q and k (Qwen3's: weights f32 [head_dim], either may
+  // be empty for none). The default runs rmsnorm on the heads, then rope_kv_store.
+  virtual void norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
+                                  const Tensor& k_norm, float eps, const Tensor& positions, const RopeParams& params,
+                                  KvLayer& cache, const Tensor& slots);
   // Causal attention of q {n_head*head_dim_k, T} over the cache; out {n_head*head_dim_v, T}.
   virtual void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch,
                          const AttentionParams& params, Tensor& out);

@@ -30,4 +30,12 @@ void Backend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, c
   kv_store(k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]}), v, cache, slots);
 }
 
+void Backend::norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
+                                 const Tensor& k_norm, float eps, const Tensor& positions, const RopeParams& params,
+                                 KvLayer& cache, const Tensor& slots) {
+  if (!q_norm.empty()) rmsnorm(q_heads, q_norm, eps, q_heads);
+  if (!k_norm.empty()) rmsnorm(k_heads, k_norm, eps, k_heads);
+  rope_kv_store(q_heads, k_heads, v, positions, params, cache, slots);
+}
+
 }  // namespace kiln

@@ -1,5 +1,6 @@
 // The CUDA backend's fused decode paths against the same products run apart, bit for bit:
-//   - matmul_parts (q/k/v or gate/up as one grouped launch) vs one matmul per weight;
+//   - matmul_parts (q/k/v or gate/up as one grouped launch, one per weight type when they
+//     differ) vs one matmul per weight;
 //   - rmsnorm / add_rmsnorm / glu writing the int8 copy of their output for the next matmul
 //     vs that matmul quantizing the output itself;
 //   - rmsnorm_matmul_parts (the norm computed inside the products' launch) vs the products
@@ -14,62 +15,11 @@
 #include <cstring>
 #include <random>
 
-#include "backend/cuda/cuda_backend.h"
-#include "cuda_test_support.h"
+#include "core/half.h"
+#include "fused_ops_fixture.h"
 
 namespace kiln::testing {
 namespace {
-
-using cuda::testing::all_close;
-using cuda::testing::all_equal_bits;
-using cuda::testing::random_floats;
-using cuda::testing::random_rows;
-
-class FusedOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    KILN_REQUIRE_GPU();
-    CudaOptions o;
-    o.graphs = false;
-    gpu_ = std::make_unique<CudaBackend>(o);
-  }
-  Tensor floats(std::initializer_list<int64_t> shape, const std::vector<float>& data) {
-    buffers_.push_back(gpu_->allocate(data.size() * sizeof(float)));
-    Tensor t = buffers_.back()->view(GgmlType::F32, shape);
-    gpu_->upload(data.data(), t, data.size() * sizeof(float));
-    return t;
-  }
-  Tensor random(std::initializer_list<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return floats(shape, random_floats(rng_, size_t(n), -1.5f, 1.5f));
-  }
-  Tensor poisoned(int64_t n, int64_t T) { return floats({n, T}, std::vector<float>(size_t(n * T), NAN)); }
-  Tensor weight(GgmlType type, int64_t K, int64_t N) {
-    const int64_t row_bytes = K / traits(type).block_size * traits(type).type_size;
-    const std::vector<uint8_t> w = random_rows(rng_, type, N, K, row_bytes);
-    buffers_.push_back(gpu_->allocate(w.size()));
-    Tensor t = buffers_.back()->view(type, {K, N});
-    gpu_->upload(w.data(), t, w.size());
-    return t;
-  }
-  std::vector<float> host(const Tensor& t) {
-    std::vector<float> v(size_t(t.elements()));
-    gpu_->download(t, v.data(), v.size() * sizeof(float));
-    return v;
-  }
-  // The product with a fresh quantization of x: a recorded no-op first forgets any int8 copy.
-  std::vector<float> apart(Tensor& x, const Tensor& w, const Tensor& bias) {
-    gpu_->scale(x, 1.0f, x);
-    Tensor y = poisoned(w.ne[1], x.ne[1]);
-    gpu_->matmul(x, w, bias, y);
-    return host(y);
-  }
-
-  std::mt19937_64 rng_{20251201};
-  std::unique_ptr<CudaBackend> gpu_;
-  std::vector<std::unique_ptr<Buffer>> buffers_;
-};
 
 TEST_F(FusedOps, MatmulPartsMatchSeparateMatmuls) {
   for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
@@ -87,6 +37,59 @@ TEST_F(FusedOps, MatmulPartsMatchSeparateMatmuls) {
         EXPECT_TRUE(all_equal_bits(host(q), apart(x, wq, none), "q"));
         EXPECT_TRUE(all_equal_bits(host(k), apart(x, wk, bias), "k (with bias)"));
         EXPECT_TRUE(all_equal_bits(host(v), apart(x, wv, none), "v"));
+      }
+    }
+  }
+}
+
+// Parts of different weight types (Q4_K_M: q4_K q/k with a q6_K v; also a q6_K part first and
+// last around another type) run as one launch per type: x quantized inside each launch, x
+// left by rmsnorm with its int8 copy (quantized once for all launches), the norm inside.
+// 2048 and 4096 columns fit the grouped q6_K kernel.
+TEST_F(FusedOps, MixedTypePartsMatchSeparateMatmuls) {
+  constexpr float kEps = 1e-5f;
+  const GgmlType orders[][3] = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
+                                {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q6_K}};
+  for (const auto& types : orders) {
+    for (int64_t K : {2048, 4096}) {
+      for (int64_t T : {1, 3}) {
+        for (int mode = 0; mode < 3; ++mode) {
+          const bool after_norm = mode == 1, with_norm = mode == 2;
+          SCOPED_TRACE(std::string(type_name(types[0])) + "/" + std::string(type_name(types[1])) + "/" +
+                       std::string(type_name(types[2])) +
+                       " K " + std::to_string(K) + " T " + std::to_string(T) +
+                       (after_norm ? " after rmsnorm" : with_norm ? " norm inside" : ""));
+          const std::vector<float> x_host = random_floats(rng_, size_t(K * T), -1.5f, 1.5f);
+          const std::vector<float> w_host = random_floats(rng_, size_t(K), 0.5f, 1.5f);
+          Tensor x = floats({K, T}, x_host);
+          const Tensor norm_w = floats({K}, w_host);
+          const Tensor wq = weight(types[0], K, 200), wk = weight(types[1], K, 33), wv = weight(types[2], K, 64);
+          const Tensor bias = random({33}), none;
+          Tensor normed = poisoned(K, T), q = poisoned(200, T), k = poisoned(33, T), v = poisoned(64, T);
+          const Backend::MatmulPart parts[] = {{&wq, &none, &q}, {&wk, &bias, &k}, {&wv, nullptr, &v}};
+          if (with_norm) {
+            gpu_->rmsnorm_matmul_parts(x, norm_w, kEps, normed, parts);
+          } else {
+            if (after_norm) gpu_->rmsnorm(x, Tensor{}, kEps, x);
+            else gpu_->scale(x, 1.0f, x);
+            gpu_->matmul_parts(x, parts);
+          }
+          Tensor& input = with_norm ? normed : x;
+          if (with_norm) {
+            std::vector<double> want(size_t(K * T));
+            for (int64_t t = 0; t < T; ++t) {
+              double sum_sq = 0;
+              for (int64_t i = 0; i < K; ++i) sum_sq += double(x_host[size_t(t * K + i)]) * x_host[size_t(t * K + i)];
+              const double inv = 1.0 / std::sqrt(sum_sq / double(K) + kEps);
+              for (int64_t i = 0; i < K; ++i)
+                want[size_t(t * K + i)] = x_host[size_t(t * K + i)] * inv * w_host[size_t(i)];
+            }
+            EXPECT_TRUE(all_close(host(normed), want, 2e-6, 0.0, "normed vs double rmsnorm"));
+          }
+          EXPECT_TRUE(all_equal_bits(host(q), apart(input, wq, none), "q"));
+          EXPECT_TRUE(all_equal_bits(host(k), apart(input, wk, bias), "k (with bias)"));
+          EXPECT_TRUE(all_equal_bits(host(v), apart(input, wv, none), "v"));
+        }
       }
     }
   }
@@ -153,7 +156,7 @@ TEST_F(FusedOps, NormInsideProductsMatchesProductsOfTheNormedVector) {
 TEST_F(FusedOps, MatmulAddWritesTheProductAndAddsItToTheResidual) {
   const int64_t K = 4096, N = 300;
   // f16 weights: the 16-bit float grouped kernel, in matmul_add and in matmul alike.
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16}) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16}) {
     for (int64_t T : {1, 3}) {
       // x fresh (quantized inside the product), or left by rmsnorm with its int8 copy.
       for (bool after_norm : {false, true}) {
@@ -264,6 +267,74 @@ TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
         for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
         EXPECT_EQ(differ, 0u) << (which ? "value" : "key") << " cache: " << differ << " bytes differ";
       }
+    }
+  }
+}
+
+// q/k head norms with the rope and the cache store (one rope_store launch) vs rmsnorm on the
+// heads then rope_kv_store. The norm's sum of squares is added in another order, so the
+// values agree to a few ulp, not bit for bit.
+TEST_F(FusedOps, NormRopeKvStoreMatchesHeadNormsThenRopeKvStore) {
+  struct Case {
+    int head_dim, n_head, n_kv, tokens;
+    bool q_norm, k_norm;
+  };
+  const Case cases[] = {{128, 32, 4, 1, true, true}, {64, 6, 2, 3, true, false}, {256, 4, 1, 2, false, true}};
+  const int64_t n_slots = 24;
+  for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(type_name(cache_type)) + " head_dim " + std::to_string(c.head_dim) + " heads " +
+                   std::to_string(c.n_head) + "/" + std::to_string(c.n_kv) + " T " + std::to_string(c.tokens));
+      const int64_t T = c.tokens, q_width = int64_t(c.n_head) * c.head_dim, kv_width = int64_t(c.n_kv) * c.head_dim;
+      RopeParams rope;
+      rope.n_rot = c.head_dim;
+      rope.style = RopeStyle::Neox;
+      rope.freq_base = 1000000.0f;
+      std::vector<int32_t> positions, slots;
+      for (int64_t t = 0; t < T; ++t) positions.push_back(int32_t(300 * t + 5)), slots.push_back(int32_t(20 - 3 * t));
+      const std::vector<float> q_host = random_floats(rng_, size_t(q_width * T), -2.0f, 2.0f);
+      const std::vector<float> k_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
+      const std::vector<float> v_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
+      const Tensor qn = c.q_norm ? random({c.head_dim}) : Tensor{}, kn = c.k_norm ? random({c.head_dim}) : Tensor{};
+      std::vector<float> q_out[2], k_out[2], cache_k[2], cache_v[2];
+      for (int side = 0; side < 2; ++side) {
+        Tensor q = floats({q_width, T}, q_host), k = floats({kv_width, T}, k_host), v = floats({kv_width, T}, v_host);
+        const Tensor pos = ints(positions), slot = ints(slots);
+        KvLayer cache;
+        cache.block_size = 8;
+        const size_t elem = cache_type == GgmlType::F16 ? 2 : 4;
+        for (Tensor* t : {&cache.k, &cache.v}) {
+          buffers_.push_back(gpu_->allocate(size_t(kv_width * n_slots) * elem));
+          *t = buffers_.back()->view(cache_type, {kv_width, n_slots});
+        }
+        Tensor qh = q.reshape({c.head_dim, c.n_head, T}), kh = k.reshape({c.head_dim, c.n_kv, T});
+        if (side == 0)
+          gpu_->norm_rope_kv_store(qh, kh, v, qn, kn, 1e-6f, pos, rope, cache, slot);
+        else
+          gpu_->Backend::norm_rope_kv_store(qh, kh, v, qn, kn, 1e-6f, pos, rope, cache, slot);
+        q_out[side] = host(q), k_out[side] = host(k);
+        for (int which = 0; which < 2; ++which) {
+          const Tensor& ct = which ? cache.v : cache.k;
+          std::vector<uint8_t> raw(ct.bytes());
+          gpu_->download(ct, raw.data(), raw.size());
+          std::vector<float>& dst = which ? cache_v[side] : cache_k[side];
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t i = 0; i < kv_width; ++i) {
+              const size_t at = size_t(slots[size_t(t)] * kv_width + i);
+              uint16_t h = 0;
+              if (elem == 2) std::memcpy(&h, raw.data() + 2 * at, 2);
+              float f = 0;
+              if (elem == 4) std::memcpy(&f, raw.data() + 4 * at, 4);
+              dst.push_back(elem == 2 ? f16_to_f32(h) : f);
+            }
+        }
+      }
+      auto as_double = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+      EXPECT_TRUE(all_close(q_out[0], as_double(q_out[1]), 2e-6, 1e-7, "q"));
+      EXPECT_TRUE(all_close(k_out[0], as_double(k_out[1]), 2e-6, 1e-7, "k"));
+      const double cache_rel = cache_type == GgmlType::F16 ? 1e-3 : 2e-6;  // one f16 step either way
+      EXPECT_TRUE(all_close(cache_k[0], as_double(cache_k[1]), cache_rel, 1e-7, "key cache"));
+      EXPECT_TRUE(all_equal_bits(cache_v[0], cache_v[1], "value cache"));
     }
   }
 }

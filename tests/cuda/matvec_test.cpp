@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "backend/cuda/matvec.h"
+#include "backend/cuda/matvec_grouped.h"
 #include "cuda_test_support.h"
 #include "quant/quant.h"
 
@@ -153,9 +154,9 @@ TEST_P(MatvecTest, PaddedRowsFusedAddAndBlockShapes) {
       check_matvec(type, {37, 2816}, 0, warps_per_row == 2, rows_per_warp, warps_per_row, seed++);
 }
 
-// Widths of whole 256-element groups (the grouped q4_0 / q8_0 / q4_K kernel): 16 groups (two rows
-// per warp), 56 (a full and a partial chunk of 32 groups), 17; rows that leave a task half
-// empty; the fused addend.
+// Widths of whole 256-element groups (the grouped q4_0 / q8_0 / q4_K / q6_K kernel; q6_K takes
+// 17 groups to the general kernel): 16 groups (two rows per warp), 56 (a full and a partial
+// chunk of 32 groups), 17; rows that leave a task half empty; the fused addend.
 TEST_P(MatvecTest, LlamaShapesAndGroupedWidths) {
   KILN_REQUIRE_GPU();
   const GgmlType type = GetParam();
@@ -165,6 +166,37 @@ TEST_P(MatvecTest, LlamaShapesAndGroupedWidths) {
   check_matvec(type, {301, 4096}, 0, true, 0, 0, seed++);
   check_matvec(type, {33, 14336}, 0, false, 0, 0, seed++);
   check_matvec(type, {67, 17 * 256}, 0, true, 0, 0, seed++);
+}
+
+// q6_K in the grouped kernel: its 210-byte super-blocks start on a 16-byte boundary every 8,
+// so widths of 8k groups only. 8 groups (two rows per warp, one partial chunk), 24 (one partial
+// chunk of 32), 40 (a full and a partial chunk of 8), 56 (Llama's down projection); rows that
+// leave a two-row task half empty; rows padded by 16 bytes; the fused addend. Each case must
+// be one the grouped kernel takes (not the general kernel's), and 17 groups must not be.
+TEST(MatvecQ6KGrouped, WidthsOfWholeSuperBlockOctets) {
+  KILN_REQUIRE_GPU();
+  const int64_t block_bytes = traits(GgmlType::Q6_K).type_size;
+  alignas(16) static int8_t stand_in[16];
+  auto takes = [&](int64_t rows, int64_t cols, int64_t pad) {
+    MatvecArgs a;
+    a.type = GgmlType::Q6_K;
+    a.w = stand_in;
+    a.w_row_bytes = cols / 256 * block_bytes + pad;
+    a.rows = rows;
+    a.cols = cols;
+    Q8Vector xq;
+    xq.qs = stand_in, xq.ds = reinterpret_cast<float2*>(stand_in), xq.n = cols;
+    return matvec_grouped_fits(a, xq);
+  };
+  EXPECT_FALSE(takes(8, 17 * 256, 0));
+  EXPECT_FALSE(takes(8, 4096, 2));  // rows off 16-byte alignment
+  uint64_t seed = 31000;
+  for (int64_t groups : {8, 24, 40, 56})
+    for (int64_t rows : {1, 3, 37, 130}) {
+      const int64_t pad = rows == 37 ? 16 : 0;
+      ASSERT_TRUE(takes(rows, 256 * groups, pad)) << groups << " groups";
+      check_matvec(GgmlType::Q6_K, {rows, 256 * groups}, pad, rows == 3 || rows == 130, 0, 0, seed++);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatvecTest,

@@ -177,9 +177,10 @@ Tensor CudaBackend::owned_weight(const Tensor& src, std::string_view name) {
 
 void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
   KILN_CHECK(dst.device == Device::Cuda, "cuda upload: {} is not device memory", dst.name);
-  flush_pending_add();
+  flush_pending();
   graphs_->flush();  // ops recorded before this upload must see the old contents
   quantized_input_ = {};
+  for (RopeTable& t : rope_tables_) t.current = false;
   if (bytes > pinned_bytes_ / 2) {
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     check(cudaMemcpy(dst.data, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
@@ -199,7 +200,7 @@ void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
 
 void CudaBackend::download(const Tensor& src, void* host, size_t bytes) {
   KILN_CHECK(src.device == Device::Cuda, "cuda download: {} is not device memory", src.name);
-  flush_pending_add();
+  flush_pending();
   graphs_->flush();
   check(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
@@ -213,7 +214,7 @@ uint64_t CudaBackend::download_async(const Tensor& src, size_t bytes) {
   const uint64_t ticket = next_download_++;
   PendingDownload& d = downloads_[ticket % kMaxPendingDownloads];
   KILN_CHECK(d.ticket == 0, "cuda download_async: {} downloads already pending", int(kMaxPendingDownloads));
-  flush_pending_add();
+  flush_pending();
   graphs_->flush();
   check(cudaMemcpyAsync(d.staged, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
   check(cudaEventRecord(d.done, stream_), "cudaEventRecord (download)");
@@ -232,19 +233,20 @@ void CudaBackend::finish_download(uint64_t ticket, void* host, size_t bytes) {
 }
 
 void CudaBackend::synchronize() {
-  flush_pending_add();
+  flush_pending();
   graphs_->flush();
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   pinned_used_ = 0;
 }
 
 void CudaBackend::defer_add(const Tensor& out, Tensor& residual) {
-  flush_pending_add();
+  flush_pending();
   pending_add_ = PendingAdd{out, residual};
   quantized_input_ = {};  // an int8 copy of the residual would go stale
 }
 
-void CudaBackend::flush_pending_add() {
+void CudaBackend::flush_pending() {
+  flush_pending_products();
   if (!pending_add_) return;
   PendingAdd p = std::move(*pending_add_);
   pending_add_.reset();
@@ -253,8 +255,9 @@ void CudaBackend::flush_pending_add() {
 
 void CudaBackend::record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch,
                          const char* op) {
-  flush_pending_add();
+  flush_pending();
   quantized_input_ = {};
+  ++recorded_ops_;
   graphs_->add(sig, tokens, std::move(launch), op);
 }
 

@@ -16,10 +16,14 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cuda/graph.h"
+#include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/rope_store.h"
 
 namespace kiln {
 
@@ -47,6 +51,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   const cuda::StepGraphs& graphs() const { return *graphs_; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // Ops recorded so far, a fused group counting once (tests see whether a fusion happened).
+  int64_t recorded_ops() const { return recorded_ops_; }
 
   std::unique_ptr<Buffer> allocate(size_t bytes) override;
   Tensor weight(const gguf::TensorInfo& info) override;
@@ -69,6 +75,9 @@ class CudaBackend final : public Backend {
   void kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) override;
   void rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                      const RopeParams& params, KvLayer& cache, const Tensor& slots) override;
+  void norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
+                          const Tensor& k_norm, float eps, const Tensor& positions, const RopeParams& params,
+                          KvLayer& cache, const Tensor& slots) override;
   void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& params,
                  Tensor& out) override;
   void glu(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& out) override;
@@ -100,9 +109,9 @@ class CudaBackend final : public Backend {
   void stage_upload(const void* host, void* dst, size_t bytes);
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
-  // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp); with
-  // `residual`, the one part's output is also added to it.
-  void record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts, Tensor* residual);
+  // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp), one per
+  // weight type; with `residual`, the one part's output is also added to it.
+  void record_grouped(const Tensor& x, std::span<const MatmulPart> parts, Tensor* residual);
   // A matmul_add that runs as a plain product leaves its residual add pending: the next
   // rmsnorm of that residual takes it in as one add_rmsnorm (prefill, and float weights in
   // decode, keep the fused add-and-norm they had before the products took the adds). Any
@@ -112,7 +121,33 @@ class CudaBackend final : public Backend {
   };
   std::optional<PendingAdd> pending_add_;
   void defer_add(const Tensor& out, Tensor& residual);
-  void flush_pending_add();
+  // A decode launch of two or three grouped products (q/k/v, gate/up) is held back the same
+  // way, because the op right after it may run in its epilogue (cuda_backend_fused.cpp):
+  // rope_kv_store after q/k/v (the rotation and the cache store), one kernel fewer. pending_products_take says whether the held launch's outputs are
+  // `outs`, in order, and whether it can take `ep`; fuse_into_pending_products then records
+  // it with that epilogue. The epilogue may write only the products' outputs and the cache.
+  struct PendingProducts;
+  std::shared_ptr<PendingProducts> pending_products_;
+  using ProductsLaunch = std::function<cuda::Status(cudaStream_t, const cuda::PairEpilogue&)>;
+  void defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
+                      int64_t cols, ProductsLaunch launch, const char* op);
+  bool pending_products_take(std::span<const Tensor* const> outs, const cuda::PairEpilogue& ep) const;
+  void fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig, const char* op);
+  // Rope angle tables (cuda::rope_table) of the current pass, one per positions tensor and
+  // rope parameters (`key`): recorded by the first fused rope of a pass, read by every layer's;
+  // an upload (the next pass's positions) makes them stale.
+  struct RopeTable {
+    uint64_t key = 0;
+    std::unique_ptr<Buffer> buffer;
+    bool current = false;
+  };
+  std::vector<RopeTable> rope_tables_;
+  const float* rope_table_for(const cuda::RopeArgs& rope, uint64_t key);
+  void flush_pending_products();
+  bool record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                         const RopeParams& params, KvLayer& cache, const Tensor& slots, const cuda::HeadNorms& norms);
+  // At most one of the two is pending; this records it.
+  void flush_pending();
   // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false
   // where it does not apply (the caller then runs the parts one by one).
   bool matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts);
@@ -142,6 +177,7 @@ class CudaBackend final : public Backend {
   void remember_q8(const float* x, int64_t cols, int64_t rows, int64_t stride, uint8_t* q8);
 
   CudaOptions options_;
+  int64_t recorded_ops_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<cuda::StepGraphs> graphs_;

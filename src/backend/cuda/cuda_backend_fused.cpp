@@ -1,18 +1,24 @@
-// The CUDA backend's fused products in decode, each one grouped-matvec launch per token:
+// The CUDA backend's fused products in decode, one grouped-matvec launch per weight type and
+// token:
 //   - matmul_parts: several weights over one input (q/k/v, gate/up);
 //   - rmsnorm_matmul_parts: the same with the input's RMS norm computed inside the launch
 //     (every block normalizes and quantizes x itself; no norm kernel runs before);
-//   - matmul_add: a product whose epilogue also adds it to the residual stream.
-// q4_0 / q8_0 / q4_K weights go to the grouped int8 kernel (matvec_grouped.h), f16 / bf16
-// weights to the grouped 16-bit float kernel (matvec_f16_grouped.h), which takes x in f32.
-// Anything neither takes (exact mode, other weight types, mixed types or widths) runs as the
-// composed ops of backend.h; prefill batches of matmul_parts go to cuda_backend_prefill.cpp.
+//   - matmul_add: a product whose epilogue also adds it to the residual stream;
+//   - the launch of two or three parts is held back (PendingProducts) and takes the next op
+//     into its epilogue when it can: rope_kv_store after q/k/v.
+// Parts of different types (q4_K q/k with a q6_K v in Q4_K_M) run as one launch per type,
+// each computing the norm again. q4_0 / q8_0 / q4_K / q6_K weights go to the grouped int8
+// kernel (matvec_grouped.h), f16 / bf16 weights to the grouped 16-bit float kernel
+// (matvec_f16_grouped.h), which takes x in f32 and has no pair epilogue (its launches are
+// never held back). Anything neither takes (exact mode, other weight types, mixed widths)
+// runs as the composed ops of backend.h; prefill batches of matmul_parts go to
+// cuda_backend_prefill.cpp.
 #include <array>
-#include <optional>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/rope_store.h"
 
 namespace kiln {
 
@@ -40,29 +46,33 @@ int64_t span_floats(const Tensor& t) { return (t.ne[1] - 1) * int64_t(t.nb[1] / 
 
 bool half_type(GgmlType t) { return t == GgmlType::F16 || t == GgmlType::BF16; }
 
-// The weight type when a grouped kernel can take these parts over x in one launch per
-// token: decode batch, one weight type of the kernels', one width, packed f32 outputs that
-// do not overlap x, token rows of x 16-byte aligned.
-std::optional<GgmlType> grouped_type(const CudaOptions& o, const Tensor& x, std::span<const Backend::MatmulPart> parts) {
+// Whether the grouped kernels can take these parts over x, one launch per weight type and
+// token: decode batch, weight types of the kernels', one width, one row stride per type,
+// packed f32 outputs that do not overlap x, token rows of x 16-byte aligned.
+bool grouped_fits(const CudaOptions& o, const Tensor& x, std::span<const Backend::MatmulPart> parts) {
   const int64_t K = x.ne[0], T = x.ne[1];
   if (o.exact || !o.fused || parts.empty() || parts.size() > size_t(cuda::kMaxMatvecParts) || !packed_f32(x) ||
       T > kMaxTokens || x.nb[1] % 16 != 0)
-    return std::nullopt;
-  const GgmlType type = parts[0].w->dtype;
-  if (type != GgmlType::Q4_0 && type != GgmlType::Q8_0 && type != GgmlType::Q4_K && !half_type(type))
-    return std::nullopt;
+    return false;
   for (const Backend::MatmulPart& p : parts) {
     KILN_CHECK(p.w && p.out, "cuda matmul_parts: a part lacks its weight or output");
     const Tensor& w = *p.w;
     const Tensor& out = *p.out;
     const Tensor bias = p.bias ? *p.bias : Tensor{};
-    const bool fits = w.dtype == type && w.device == Device::Cuda && w.ne[0] == K && w.ne[2] == 1 && w.ne[3] == 1 &&
-                      w.nb[1] == parts[0].w->nb[1] && packed_f32(out) && out.ne[0] == w.ne[1] && out.ne[1] == T &&
+    bool same_stride = true;  // as the first part of its type
+    for (const Backend::MatmulPart& q : parts)
+      if (q.w->dtype == w.dtype) {
+        same_stride = q.w->nb[1] == w.nb[1];
+        break;
+      }
+    const bool fits = (cuda::matvec_grouped_type(w.dtype) || half_type(w.dtype)) && w.device == Device::Cuda &&
+                      w.ne[0] == K && w.ne[2] == 1 && w.ne[3] == 1 && same_stride && packed_f32(out) &&
+                      out.ne[0] == w.ne[1] && out.ne[1] == T &&
                       (bias.empty() || (packed_f32(bias) && bias.elements() == w.ne[1])) &&
                       !overlaps(out.as<float>(), span_floats(out), x.as<float>(), span_floats(x));
-    if (!fits) return std::nullopt;
+    if (!fits) return false;
   }
-  return type;
+  return true;
 }
 
 // The kernel's view of the parts (token 0), with each output's row stride in floats.
@@ -97,6 +107,37 @@ GroupedParts grouped_parts(std::span<const Backend::MatmulPart> parts) {
   return g;
 }
 
+// One launch's parts: those of one weight type (one row stride), kept in call order.
+struct TypedLaunch {
+  GgmlType type = GgmlType::F32;
+  int64_t w_row = 0;
+  GroupedParts g;
+};
+struct TypedLaunches {
+  std::array<TypedLaunch, cuda::kMaxMatvecParts> at{};
+  size_t n = 0;
+};
+
+// The parts split by weight type, launches in the order of each type's first part.
+TypedLaunches launches_by_type(std::span<const Backend::MatmulPart> parts) {
+  TypedLaunches l;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const GgmlType type = parts[i].w->dtype;
+    bool seen = false;
+    for (size_t j = 0; j < i; ++j) seen = seen || parts[j].w->dtype == type;
+    if (seen) continue;
+    std::array<Backend::MatmulPart, cuda::kMaxMatvecParts> same{};
+    size_t n = 0;
+    for (size_t j = i; j < parts.size(); ++j)
+      if (parts[j].w->dtype == type) same[n++] = parts[j];
+    TypedLaunch& launch = l.at[l.n++];
+    launch.type = type;
+    launch.w_row = int64_t(parts[i].w->nb[1]);
+    launch.g = grouped_parts(std::span<const Backend::MatmulPart>(same.data(), n));
+  }
+  return l;
+}
+
 void hash_parts(cuda::SignatureHash& h, std::span<const Backend::MatmulPart> parts) {
   for (const Backend::MatmulPart& p : parts) {
     hash_tensor(h, *p.w), hash_tensor(h, *p.out);
@@ -104,64 +145,167 @@ void hash_parts(cuda::SignatureHash& h, std::span<const Backend::MatmulPart> par
   }
 }
 
-// The launch over f32 x for either kernel family (the int8 one quantizes x in every block).
+// The launch over f32 x for either kernel family (the int8 one quantizes x in every block;
+// only it runs pair epilogues).
 bool f32_parts_fit(GgmlType type, int64_t cols, int64_t w_row, std::span<const cuda::MatvecPart> parts,
                    const cuda::F32Input& in) {
   if (half_type(type)) return cuda::matvec_half_parts_fit(type, cols, w_row, parts, in);
   return cuda::matvec_parts_f32_fit(type, cols, w_row, parts, in);
 }
 cuda::Status f32_parts(GgmlType type, int64_t cols, int64_t w_row, std::span<const cuda::MatvecPart> parts,
-                       const cuda::F32Input& in, cudaStream_t s) {
-  if (half_type(type)) return cuda::matvec_half_parts(type, cols, w_row, parts, in, s);
-  return cuda::matvec_f32_parts(type, cols, w_row, parts, in, s);
+                       const cuda::F32Input& in, cudaStream_t s, const cuda::PairEpilogue& ep) {
+  if (!half_type(type)) return cuda::matvec_f32_parts(type, cols, w_row, parts, in, s, ep);
+  if (ep.kind != cuda::PairEpilogueKind::None)
+    return cuda::Status::invalid("cuda matmul_parts: the f16 / bf16 grouped kernel has no pair epilogue");
+  return cuda::matvec_half_parts(type, cols, w_row, parts, in, s);
+}
+
+// Whether the launches include f16 / bf16 weights (which take x in f32, never its int8 copy).
+bool any_half(const TypedLaunches& launches) {
+  bool half = false;
+  for (size_t i = 0; i < launches.n; ++i) half = half || half_type(launches.at[i].type);
+  return half;
+}
+
+// Whether `a` is the packed f32 rows {N, T} of `b`, seen as they are or as heads
+// {head_dim, heads, T} (the view rope takes).
+bool same_rows(const Tensor& a, const Tensor& b) {
+  if (a.data != b.data || a.dtype != GgmlType::F32 || !packed_f32(b) || a.nb[0] != sizeof(float) || a.ne[3] != 1)
+    return false;
+  if (a.ne[2] == 1 && a.ne[0] == b.ne[0] && a.ne[1] == b.ne[1] && a.nb[1] == b.nb[1]) return true;
+  return a.ne[0] * a.ne[1] == b.ne[0] && a.ne[2] == b.ne[1] && a.nb[1] == a.ne[0] * int64_t(sizeof(float)) &&
+         (a.ne[2] == 1 || a.nb[2] == b.nb[1]);
+}
+
+// A pair epilogue for token t of the launch (its batch row).
+cuda::PairEpilogue epilogue_for_token(cuda::PairEpilogue ep, int64_t t) {
+  ep.token = t;
+  return ep;
 }
 
 }  // namespace cuda_fused
 
+struct CudaBackend::PendingProducts {
+  cuda::SignatureHash sig;
+  int64_t tokens = 0;
+  std::array<Tensor, cuda::kMaxMatvecParts> outs{};
+  cuda_fused::GroupedParts parts;  // token 0's
+  int64_t cols = 0;
+  ProductsLaunch launch;           // per token, with the epilogue it is given
+  QuantizedInput input_after;      // the int8 copy of x the launch leaves, or none
+  const char* op = "";
+};
+
+// Called with quantized_input_ already set to what the launch leaves.
+void CudaBackend::defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
+                                 int64_t cols, ProductsLaunch launch, const char* op) {
+  const QuantizedInput after = quantized_input_;
+  flush_pending();
+  auto p = std::make_shared<PendingProducts>();
+  p->sig = sig, p->tokens = tokens, p->parts = cuda_fused::grouped_parts(parts), p->cols = cols;
+  for (size_t i = 0; i < parts.size(); ++i) p->outs[i] = *parts[i].out;
+  p->launch = std::move(launch), p->input_after = after, p->op = op;
+  pending_products_ = std::move(p);
+  quantized_input_ = after;
+}
+
+void CudaBackend::flush_pending_products() {
+  if (!pending_products_) return;
+  const std::shared_ptr<PendingProducts> p = std::move(pending_products_);
+  pending_products_.reset();
+  record(p->sig, p->tokens, [launch = p->launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, p->op);
+  quantized_input_ = p->input_after;
+}
+
+bool CudaBackend::pending_products_take(std::span<const Tensor* const> outs, const cuda::PairEpilogue& ep) const {
+  using namespace cuda_fused;
+  if (!pending_products_) return false;
+  const PendingProducts& p = *pending_products_;
+  if (outs.size() != p.parts.n) return false;
+  for (size_t i = 0; i < outs.size(); ++i)
+    if (!same_rows(*outs[i], p.outs[i])) return false;
+  return cuda::matvec_pairs_fit(p.cols, p.parts.view(p.parts.mv), ep);
+}
+
+void CudaBackend::fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig,
+                                             const char* op) {
+  KILN_CHECK(pending_products_, "cuda: no held products to take {}", op);
+  const std::shared_ptr<PendingProducts> taken = std::move(pending_products_);
+  pending_products_.reset();
+  cuda::SignatureHash h = taken->sig;
+  h.pod(sig.value);
+  record(h, taken->tokens, [launch = taken->launch, ep](cudaStream_t s) { return launch(s, ep); }, op);
+  quantized_input_ = taken->input_after;
+}
+
+const float* CudaBackend::rope_table_for(const cuda::RopeArgs& rope, uint64_t key) {
+  RopeTable* entry = nullptr;
+  for (RopeTable& t : rope_tables_)
+    if (t.key == key) entry = &t;
+  if (!entry) {
+    rope_tables_.push_back({key, allocate(size_t(cuda_fused::kMaxTokens) * size_t(rope.n_rot) * sizeof(float)), false});
+    entry = &rope_tables_.back();
+  }
+  auto* table = static_cast<float*>(entry->buffer->data());
+  if (!entry->current) {
+    // Straight to the graph, ahead of the held products (record() would record them first):
+    // the kernel reads only the positions and writes only the table, which nothing reads yet.
+    cuda::SignatureHash h;
+    h.pod(key), h.pod(table), h.pod(rope.n_tokens);
+    graphs_->add(h, rope.n_tokens, [=](cudaStream_t s) { return cuda::rope_table(rope, table, s); }, "rope_table");
+    entry->current = true;
+  }
+  return table;
+}
+
 void CudaBackend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
   using namespace cuda_fused;
   if (x.ne[1] > kMaxTokens && matmul_parts_prefill(x, parts)) return;
-  const std::optional<GgmlType> type = grouped_type(options_, x, parts);
-  if (!type) return Backend::matmul_parts(x, parts);
-  record_grouped(x, *type, parts, nullptr);
+  if (!grouped_fits(options_, x, parts)) return Backend::matmul_parts(x, parts);
+  record_grouped(x, parts, nullptr);
 }
 
 void CudaBackend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) {
   using namespace cuda_fused;
   const MatmulPart part{&w, &bias, &out};
-  const std::optional<GgmlType> type = grouped_type(options_, x, std::span(&part, 1));
-  const bool fits = type && packed_f32(residual) && residual.ne[0] == out.ne[0] && residual.ne[1] == out.ne[1] &&
-                    residual.nb[1] == out.nb[1] &&
+  const bool fits = grouped_fits(options_, x, std::span(&part, 1)) && packed_f32(residual) &&
+                    residual.ne[0] == out.ne[0] && residual.ne[1] == out.ne[1] && residual.nb[1] == out.nb[1] &&
                     !overlaps(residual.as<float>(), span_floats(residual), out.as<float>(), span_floats(out)) &&
                     !overlaps(residual.as<float>(), span_floats(residual), x.as<float>(), span_floats(x));
   if (!fits) {
     matmul(x, w, bias, out);
     return defer_add(out, residual);
   }
-  record_grouped(x, *type, std::span(&part, 1), &residual);
+  record_grouped(x, std::span(&part, 1), &residual);
 }
 
-// One launch per token over x: f16 / bf16 weights take x as it is; int8 weights reuse the
-// int8 copy an earlier op left of x (rmsnorm, glu, a product over the same x), else quantize
-// x inside the launch.
-void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const MatmulPart> parts,
-                                 Tensor* residual) {
+// One launch per weight type and token over x: f16 / bf16 weights take x as it is; int8
+// weights reuse the int8 copy an earlier op left of x (rmsnorm, glu, a product over the same
+// x), else quantize x inside each launch (always, next to f16 / bf16 launches).
+void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> parts, Tensor* residual) {
   using namespace cuda_fused;
   const int64_t K = x.ne[0], T = x.ne[1];
-  GroupedParts g = grouped_parts(parts);
+  TypedLaunches launches = launches_by_type(parts);
   float* accumulate = residual ? residual->as<float>() : nullptr;
-  g.mv[0].accumulate = accumulate;
+  KILN_CHECK(!accumulate || parts.size() == 1, "cuda matmul_add: {} parts, one expected", parts.size());
+  launches.at[0].g.mv[0].accumulate = accumulate;
   const size_t per_token = q8_row_bytes(K);
   auto* q8 = static_cast<uint8_t*>(scratch(q8_scratch_, per_token * kMaxTokens));
-  const int64_t w_row = int64_t(parts[0].w->nb[1]), xs = int64_t(x.nb[1] / 4);
+  const int64_t xs = int64_t(x.nb[1] / 4);
   const float* xp = x.as<float>();
   const QuantizedInput input{xp, K, T, xs, q8};
-  const bool half = half_type(type);
+  const bool half = any_half(launches);
   const bool reuse = !half && quantized_input_ == input;
   cuda::F32Input f32;
   f32.x = xp;
-  const bool from_f32 = !reuse && f32_parts_fit(type, K, w_row, g.view(g.mv), f32);
-  if (!from_f32 && (half || !cuda::matvec_parts_fit(type, K, w_row, g.view(g.mv), cuda::q8_vector_in(q8, K)))) {
+  bool from_f32 = !reuse, from_q8 = !half;
+  for (size_t i = 0; i < launches.n; ++i) {
+    const TypedLaunch& l = launches.at[i];
+    const auto mv = l.g.view(l.g.mv);
+    from_f32 = from_f32 && f32_parts_fit(l.type, K, l.w_row, mv, f32);
+    from_q8 = from_q8 && cuda::matvec_parts_fit(l.type, K, l.w_row, mv, cuda::q8_vector_in(q8, K));
+  }
+  if (!from_f32 && !from_q8) {
     // Alignment or width the grouped kernel does not take: the plain ops.
     if (!accumulate) return Backend::matmul_parts(x, parts);
     matmul(x, *parts[0].w, parts[0].bias ? *parts[0].bias : Tensor{}, *parts[0].out);
@@ -171,60 +315,80 @@ void CudaBackend::record_grouped(const Tensor& x, GgmlType type, std::span<const
   h.pod(Op::Matmul), h.pod(parts.size()), h.pod(reuse), h.pod(from_f32), h.pod(accumulate);
   hash_tensor(h, x);
   hash_parts(h, parts);
-  record(h, T, [=](cudaStream_t s) {
+  ProductsLaunch launch = [=](cudaStream_t s, const cuda::PairEpilogue& ep) {
     for (int64_t t = 0; t < T; ++t) {
-      const auto row = g.token(t);
-      if (from_f32) {
+      const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
+      if (!from_f32 && !reuse)
+        if (cuda::Status st = cuda::quantize_q8(xp + t * xs, K, xq, s); !st.ok()) return st;
+      const cuda::PairEpilogue token_ep = epilogue_for_token(ep, t);  // one launch only (deferred ones)
+      for (size_t i = 0; i < launches.n; ++i) {
+        const TypedLaunch& l = launches.at[i];
+        const auto row = l.g.token(t);
         cuda::F32Input in;
         in.x = xp + t * xs;
-        if (cuda::Status st = f32_parts(type, K, w_row, g.view(row), in, s); !st.ok()) return st;
-        continue;
+        const cuda::Status st = from_f32 ? f32_parts(l.type, K, l.w_row, l.g.view(row), in, s, token_ep)
+                                         : cuda::matvec_q8_parts(l.type, K, l.w_row, l.g.view(row), xq, s, token_ep);
+        if (!st.ok()) return st;
       }
-      const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
-      if (!reuse)
-        if (cuda::Status st = cuda::quantize_q8(xp + t * xs, K, xq, s); !st.ok()) return st;
-      if (cuda::Status st = cuda::matvec_q8_parts(type, K, w_row, g.view(row), xq, s); !st.ok()) return st;
     }
     return cuda::Status();
-  }, "matmul_parts");
+  };
   // The int8 copy of x stays valid for the next product over x (no output overlaps x), but
   // only where it was written to the scratch.
-  if (!from_f32) quantized_input_ = input;
+  const QuantizedInput after = from_f32 ? QuantizedInput{} : input;
+  // Held back where the next op may join the launch's epilogue (one launch: one int8 type).
+  if (!accumulate && parts.size() >= 2 && launches.n == 1 && !half) {
+    quantized_input_ = after;
+    return defer_products(h, T, parts, K, std::move(launch), "matmul_parts");
+  }
+  record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "matmul_parts");
+  quantized_input_ = after;
 }
 
 void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
                                        std::span<const MatmulPart> parts) {
   using namespace cuda_fused;
-  const std::optional<GgmlType> type = grouped_type(options_, normed, parts);
   const int64_t K = x.ne[0], T = x.ne[1];
-  bool fits = type && packed_f32(x) && packed_f32(normed) && normed.ne[0] == K && normed.ne[1] == T &&
-              x.nb[1] % 16 == 0 && normed.nb[1] % 16 == 0 && packed_f32(norm_weight) && norm_weight.elements() == K &&
+  bool fits = grouped_fits(options_, normed, parts) && packed_f32(x) && packed_f32(normed) && normed.ne[0] == K &&
+              normed.ne[1] == T && x.nb[1] % 16 == 0 && packed_f32(norm_weight) && norm_weight.elements() == K &&
               !overlaps(normed.as<float>(), span_floats(normed), x.as<float>(), span_floats(x));
   for (const MatmulPart& p : parts)
     fits = fits && !overlaps(p.out->as<float>(), span_floats(*p.out), x.as<float>(), span_floats(x));
-  GroupedParts g = fits ? grouped_parts(parts) : GroupedParts{};
-  const int64_t w_row = fits ? int64_t(parts[0].w->nb[1]) : 0;
+  const TypedLaunches launches = fits ? launches_by_type(parts) : TypedLaunches{};
   cuda::F32Input in;
   in.x = x.as<float>(), in.norm_weight = norm_weight.as<float>(), in.eps = eps, in.normed = normed.as<float>();
-  if (!fits || !f32_parts_fit(*type, K, w_row, g.view(g.mv), in))
-    return Backend::rmsnorm_matmul_parts(x, norm_weight, eps, normed, parts);
+  for (size_t i = 0; i < launches.n; ++i) {
+    const TypedLaunch& l = launches.at[i];
+    fits = fits && f32_parts_fit(l.type, K, l.w_row, l.g.view(l.g.mv), in);
+  }
+  if (!fits) return Backend::rmsnorm_matmul_parts(x, norm_weight, eps, normed, parts);
 
   const int64_t xs = int64_t(x.nb[1] / 4), ns = int64_t(normed.nb[1] / 4);
-  const GgmlType t_type = *type;
   cuda::SignatureHash h;
   h.pod(Op::RmsNorm), h.pod(parts.size()), h.pod(eps);
   hash_tensor(h, x), hash_tensor(h, norm_weight), hash_tensor(h, normed);
   hash_parts(h, parts);
-  record(h, T, [=](cudaStream_t s) {
+  ProductsLaunch launch = [=](cudaStream_t s, const cuda::PairEpilogue& ep) {
     for (int64_t t = 0; t < T; ++t) {
-      const auto row = g.token(t);
-      cuda::F32Input token_in = in;
-      token_in.x += t * xs;
-      token_in.normed += t * ns;
-      if (cuda::Status st = f32_parts(t_type, K, w_row, g.view(row), token_in, s); !st.ok()) return st;
+      // Every launch normalizes x itself; the first one writes `normed`.
+      const cuda::PairEpilogue token_ep = epilogue_for_token(ep, t);  // one launch only (deferred ones)
+      for (size_t i = 0; i < launches.n; ++i) {
+        const TypedLaunch& l = launches.at[i];
+        const auto row = l.g.token(t);
+        cuda::F32Input token_in = in;
+        token_in.x += t * xs;
+        token_in.normed = i == 0 ? token_in.normed + t * ns : nullptr;
+        if (cuda::Status st = f32_parts(l.type, K, l.w_row, l.g.view(row), token_in, s, token_ep); !st.ok())
+          return st;
+      }
     }
     return cuda::Status();
-  }, "rmsnorm_matmul_parts");
+  };
+  if (parts.size() >= 2 && launches.n == 1 && !any_half(launches)) {
+    quantized_input_ = {};
+    return defer_products(h, T, parts, K, std::move(launch), "rmsnorm_matmul_parts");
+  }
+  record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "rmsnorm_matmul_parts");
 }
 
 }  // namespace kiln

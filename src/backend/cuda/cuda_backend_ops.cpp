@@ -2,6 +2,7 @@
 // launch closure handed to the step recorder (graph.h), which runs it now or in a graph.
 // Closures capture only plain values (pointers, sizes), never the caller's Tensors.
 #include <algorithm>
+#include <tuple>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_backend.h"
@@ -401,16 +402,58 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, con
 void CudaBackend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                                 const RopeParams& p, KvLayer& cache, const Tensor& slots) {
   // Prefill measured faster with the three kernels (pp512 -4.7% with the fused one at T=512).
-  if (q_heads.ne[2] > kMatvecMaxTokens) return Backend::rope_kv_store(q_heads, k_heads, v, positions, p, cache, slots);
+  if (q_heads.ne[2] > kMatvecMaxTokens || !record_rope_store(q_heads, k_heads, v, positions, p, cache, slots, {}))
+    Backend::rope_kv_store(q_heads, k_heads, v, positions, p, cache, slots);
+}
+
+void CudaBackend::norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
+                                     const Tensor& k_norm, float eps, const Tensor& positions, const RopeParams& p,
+                                     KvLayer& cache, const Tensor& slots) {
+  cuda::HeadNorms norms;
+  norms.eps = eps;
+  bool fits = q_heads.ne[2] <= kMatvecMaxTokens;
+  for (auto [w, dst, heads] : {std::tuple{&q_norm, &norms.q, &q_heads}, std::tuple{&k_norm, &norms.k, &k_heads}}) {
+    if (w->empty()) continue;
+    require_f32(*w, "norm_rope_kv_store", "norm weight");
+    fits = fits && w->elements() == heads->ne[0];
+    *dst = w->as<float>();
+  }
+  if (!fits || !record_rope_store(q_heads, k_heads, v, positions, p, cache, slots, norms))
+    Backend::norm_rope_kv_store(q_heads, k_heads, v, q_norm, k_norm, eps, positions, p, cache, slots);
+}
+
+// One rope_store launch (decode), or, without head norms and right after the q/k/v
+// products, their epilogue; the angles from the pass's table. False: nothing recorded, the
+// heads are laid out in a way the kernels do not take.
+bool CudaBackend::record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                                    const RopeParams& p, KvLayer& cache, const Tensor& slots,
+                                    const cuda::HeadNorms& norms) {
   const Tensor k_rows = k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]});
   const cuda::RopeArgs q = rope_args(q_heads, positions, p), k = rope_args(k_heads, positions, p);
   const cuda::KvStoreArgs st = kv_store_args(k_rows, v, cache, slots);
-  if (k.head_stride != k.head_dim || st.k_stride != k.token_stride)
-    return Backend::rope_kv_store(q_heads, k_heads, v, positions, p, cache, slots);
+  const bool norm = norms.q || norms.k;
+  if (k.head_stride != k.head_dim || st.k_stride != k.token_stride) return false;
+  if (norm && (q.head_stride != q.head_dim || q.head_dim > 256)) return false;
   Sig sig(Op::KvStore);
-  sig.t(q_heads).t(k_heads).t(v).t(positions).t(cache.k).t(cache.v).t(slots);
+  sig.t(q_heads).t(k_heads).t(v).t(positions).t(cache.k).t(cache.v).t(slots).v(norms.q).v(norms.k).v(norms.eps);
   hash_rope(sig, p, q);
-  record(sig.h, q.n_tokens, [=](cudaStream_t s) { return cuda::rope_store(q, k, st, s); }, "rope_kv_store");
+  Sig table_key(Op::Rope);
+  table_key.t(positions);
+  hash_rope(table_key, p, q);
+  // Right after the q/k/v products: rotated and stored in their epilogue where they can.
+  cuda::PairEpilogue ep;
+  ep.kind = cuda::PairEpilogueKind::RopeStore;
+  ep.head_dim = int(q.head_dim), ep.n_rot = q.n_rot, ep.store = st;
+  const Tensor* outs[] = {&q_heads, &k_heads, &v};
+  const float* angles = rope_table_for(q, table_key.h.value);
+  if (!norm && !q.neox && q.head_stride == q.head_dim && pending_products_take(outs, ep)) {
+    ep.angles = angles;
+    fuse_into_pending_products(ep, sig.h, "qkv_rope_kv_store");
+    return true;
+  }
+  record(sig.h, q.n_tokens, [=](cudaStream_t s) { return cuda::rope_store(q, k, st, s, angles, norms); },
+         norm ? "norm_rope_kv_store" : "rope_kv_store");
+  return true;
 }
 
 void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& p,

@@ -213,8 +213,8 @@ Status launch_half(const GroupedSegments& seg, int64_t total_rows, int64_t cols,
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem));
         e != cudaSuccess)
       return Status::from_cuda(e, "cudaFuncSetAttribute (matvec_half_kernel)");
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)) !=
-        cudaSuccess)
+    const int most_shared = int(cudaSharedmemCarveoutMaxShared);
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, most_shared) != cudaSuccess)
       cudaGetLastError();  // a preference only: not an error of this launch
     int device = 0, per_sm = 0;
     cudaGetDevice(&device);
@@ -253,8 +253,9 @@ bool matvec_half_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std
 Status matvec_half_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                          const F32Input& in, cudaStream_t stream) {
   if (!matvec_half_parts_fit(type, cols, w_row_bytes, parts, in))
-    return Status::invalid("matvec_half_parts: " + std::to_string(parts.size()) + " parts of " + std::string(type_name(type)) +
-                           " weights, " + std::to_string(cols) + " columns, rows of " + std::to_string(w_row_bytes) +
+    return Status::invalid("matvec_half_parts: " + std::to_string(parts.size()) + " parts of " +
+                           std::string(type_name(type)) + " weights, " + std::to_string(cols) +
+                           " columns, rows of " + std::to_string(w_row_bytes) +
                            " bytes do not fit the kernel (f16 / bf16; 1.." + std::to_string(kMaxMatvecParts) +
                            " parts; columns a multiple of 8 up to " + std::to_string(kMaxHalfMatvecCols) +
                            "; weights, rows, x, norm weight and normed 16-byte aligned)");

@@ -1,5 +1,5 @@
-// Decode matvec for q4_0 and q8_0 weights read in groups of 8 blocks, and q4_K weights read
-// a super-block (256 weights, 144 bytes) at a time (see matvec.h for the contract;
+// Decode matvec for q4_0 and q8_0 weights read in groups of 8 blocks, and q4_K / q6_K weights
+// read a super-block (256 weights, 144 / 210 bytes) at a time (see matvec.h for the contract;
 // matvec_q8 takes this path when matvec_grouped_fits says so).
 //
 // Why groups: q4_0 (18 bytes) and q8_0 (34 bytes) blocks are only 2-byte aligned, so a lane
@@ -19,6 +19,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/matvec_segments.cuh"
+#include "backend/cuda/rope_math.cuh"  // the rotation
 
 #include <climits>
 #include <string>
@@ -105,8 +106,80 @@ struct GroupQ4_K {
   }
 };
 
+// A q6_K super-block: 128 bytes of low nibbles (ql), 64 bytes of high 2-bit pairs (qh), 16
+// int8 scales (one per 16 weights), the f16 d. In half h (128 weights) the 32 weights of
+// block 4h+k take their low nibbles from ql bytes 64h + 32(k%2) .. +31 (low nibble for k < 2,
+// high for k >= 2) and their top two bits from qh bytes 128 + 32h .. +31 at bit 2k; weight i
+// of that block is d * scale[8h + 2k + i/16] * (level - 32).
+//
+// Why not aligned 16-byte loads as the other formats: 210 bytes is 13 x 16 + 2, so only every
+// 8th super-block (8 x 210 = 105 x 16) starts on a 16-byte boundary. A group of 8 super-blocks
+// per lane would need 8x the staging memory. Instead a chunk of 16 or 32 consecutive
+// super-blocks (3360 / 6720 bytes, a multiple of 16 that starts on one, since chunks start at
+// multiples of 16 super-blocks) is staged with the same 16-byte asynchronous copies, and each
+// lane reads its 210 bytes from shared memory with 53 4-byte loads from the 4-byte boundary
+// at or before it (lanes are 52.5 words apart: at most 2 lanes share a bank), then shifts the
+// words by 0 or 16 bits so that every field sits at a compile-time place, as in the other
+// formats. (14 16-byte loads from the 16-byte boundary before the group would be free of
+// conflicts, but leave the group at a run-time offset of 0-14 bytes: about three selects and
+// shifts per word to undo, against one funnel shift here.)
+// A row's chunks stay 16-byte multiples only when its super-blocks are a multiple of 8
+// (cols % 2048 == 0): matvec_grouped_fits checks it.
+struct GroupQ6_K {
+  static constexpr int kGroupBytes = 210;
+  static constexpr int kWords = 53;  // 52.5 words; the last one's upper half is not read
+  __device__ static void load(const uint8_t* group, uint32_t (&g)[kWords]) {
+    const int misalign = int(reinterpret_cast<uintptr_t>(group) % 4);  // 0 or 2: groups start on even bytes
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(group - misalign);
+    uint32_t words[kWords];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) words[k] = w[k];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) g[k] = __funnelshift_r(words[k], words[k + 1 < kWords ? k + 1 : k], 8 * misalign);
+  }
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int h = j / 4, k = j % 4;
+    const int ql = 16 * h + 8 * (k % 2), qh = 32 + 8 * h;  // word indices of the block's bytes
+    // Weights 0-15 and 16-31 have their own scales. The levels (0..63) are dotted as they
+    // are and the offset 32 taken off with the sum of x: one dot4 per word, where subtracting
+    // 32 from each byte of a word costs three instructions.
+    int sum[2] = {0, 0}, x_sum[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t low = (g[ql + i] >> (4 * (k / 2))) & 0x0F0F0F0Fu, high = (g[qh + i] >> (2 * k)) & 0x03030303u;
+      const uint32_t level = low | (high << 4);
+      sum[i / 4] = dot4(int(level), x[i], sum[i / 4]);
+      x_sum[i / 4] = dot4(0x01010101, x[i], x_sum[i / 4]);
+    }
+    const int s = 192 + 8 * h + 2 * k;  // byte of the first scale
+    const int scale0 = int(int8_t(g[s / 4] >> (8 * (s % 4)))), scale1 = int(int8_t(g[s / 4] >> (8 * (s % 4 + 1))));
+    const int total = scale0 * (sum[0] - 32 * x_sum[0]) + scale1 * (sum[1] - 32 * x_sum[1]);
+    return half_to_float(g[52] & 0xffffu) * ds.x * float(total);
+  }
+};
+
 template <typename Fmt>
 constexpr int group_bytes() { return Fmt::kGroupBytes; }
+
+// Registers a lane's group occupies, and its load from the stage (`group`: the lane's bytes).
+// Groups of a multiple of 16 bytes sit 16-byte aligned: plain 16-byte loads.
+template <typename Fmt>
+constexpr int group_words() { return (Fmt::kGroupBytes + 3) / 4; }
+
+template <typename Fmt>
+__device__ __forceinline__ void load_group(const uint8_t* group, uint32_t (&g)[group_words<Fmt>()]) {
+  if constexpr (Fmt::kGroupBytes % 16 == 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(group);
+#pragma unroll
+    for (int u = 0; u < Fmt::kGroupBytes / 16; ++u) {
+      const uint4 v = src[u];
+      g[4 * u] = v.x, g[4 * u + 1] = v.y, g[4 * u + 2] = v.z, g[4 * u + 3] = v.w;
+    }
+  } else {
+    Fmt::load(group, g);
+  }
+}
 
 template <typename Fmt>
 size_t grouped_smem_bytes(int64_t cols) {
@@ -120,7 +193,19 @@ size_t grouped_smem_bytes(int64_t cols) {
 // arithmetic so that the block waits for L2 once, not once per step.
 constexpr int kF32Steps = int(kMaxF32InputCols) / (kGroupedThreads * 4);
 
-__device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s) {
+// The norm weights this thread will apply, loaded before the wait for the previous kernels
+// (no kernel of the step writes them): one L2 round trip less after it.
+__device__ __forceinline__ void load_norm_weights(const F32Input& in, int cols, float4 (&w)[kF32Steps]) {
+  if (!in.norm_weight) return;
+#pragma unroll
+  for (int s = 0; s < kF32Steps; ++s) {
+    const int i = (s * kGroupedThreads + int(threadIdx.x)) * 4;
+    if (i < cols) w[s] = *reinterpret_cast<const float4*>(in.norm_weight + i);
+  }
+}
+
+__device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s,
+                                         const float4 (&norm_w)[kF32Steps]) {
   __shared__ float partial[kGroupedWarps];
   const int tid = threadIdx.x;
   float4 v[kF32Steps];
@@ -152,8 +237,7 @@ __device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* 
     if (i >= cols) break;  // cols % 256 == 0: whole warps leave together
     float four[4] = {v[s].x, v[s].y, v[s].z, v[s].w};
     if (in.norm_weight) {
-      const float4 w = *reinterpret_cast<const float4*>(in.norm_weight + i);
-      const float wk[4] = {w.x, w.y, w.z, w.w};
+      const float wk[4] = {norm_w[s].x, norm_w[s].y, norm_w[s].z, norm_w[s].w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) four[k] = __fmul_rn(__fmul_rn(four[k], inv), wk[k]);
       // Every block computed the whole vector; block s % grid writes step s.
@@ -168,12 +252,39 @@ __device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* 
 
 // kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kFromF32: x arrives as f32
 // (`in`) and is quantized here; otherwise as quantize_q8's int8 copy (xqs, xds).
+// The pair epilogues (see PairEpilogue), run by the first lane of each of a task's two rows
+// (16 lanes each): `v` is this row's value, bias added, `partner` the other row's; slot 0
+// holds the even row.
+__device__ __forceinline__ void rope_store_pair(const PairEpilogue& ep, int part, int local, int slot, float v,
+                                                float partner, float* y) {
+  if (part < 2) {  // q or k: rotate the pair
+    const int d = local % ep.head_dim;
+    if (d < ep.n_rot) {
+      const int half = ep.n_rot / 2, i = d / 2;
+      const float* angles = ep.angles + ep.token * ep.n_rot;  // written by a kernel before: after the wait
+      const float c = angles[i], s = angles[half + i];
+      const float x0 = slot == 0 ? v : partner, x1 = slot == 0 ? partner : v;
+      v = slot == 0 ? rotated_first(x0, x1, c, s) : rotated_second(x0, x1, c, s);
+    }
+  }
+  y[local] = v;
+  if (part == 0) return;
+  const int64_t cache_slot = ep.store.slots[ep.token];  // uploaded before the step
+  if (cache_slot < 0 || cache_slot >= ep.store.n_slots) return;  // never write outside the cache
+  void* cache = part == 1 ? ep.store.cache_k : ep.store.cache_v;
+  const int64_t at = cache_slot * (part == 1 ? ep.store.cache_k_stride : ep.store.cache_v_stride) + local;
+  if (ep.store.cache_type == GgmlType::F16)
+    store_as(static_cast<__half*>(cache) + at, v);
+  else
+    store_as(static_cast<float*>(cache) + at, v);
+}
+
 template <typename Fmt, int kLanesPerRow, bool kFromF32>
 __global__ void __launch_bounds__(kGroupedThreads)
     matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, int rows, int groups,
-                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in) {
+                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
+                          PairEpilogue ep) {
   constexpr int kG = group_bytes<Fmt>();
-  constexpr int kUnits = kG / 16;
   constexpr int kSlots = kWarpSize / kLanesPerRow;  // rows per task
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* x_s = smem;                                   // [groups][kXGroupBytes]
@@ -196,14 +307,15 @@ __global__ void __launch_bounds__(kGroupedThreads)
     if (i < items) {
       const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
       const int first_group = chunk * kLanesPerRow;
-      const int n_pieces = min(kLanesPerRow, groups - first_group) * kUnits;
+      const int n_pieces = min(kLanesPerRow, groups - first_group) * kG / 16;  // whole: see matvec_grouped_fits
       uint8_t* dst_stage = my_stages + size_t(i & 1) * kWarpSize * kG;
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
         const int row = task * kSlots + s;
         if (row >= rows) break;
-        const int part = seg.part_of(row);
-        const uint8_t* src = GroupedSegments::pick(seg.w, part) + int64_t(row - seg.first_row(part)) * w_row_bytes + int64_t(first_group) * kG;
+        int part, local;
+        seg.locate(row, part, local);
+        const uint8_t* src = GroupedSegments::pick(seg.w, part) + int64_t(local) * w_row_bytes + int64_t(first_group) * kG;
         uint8_t* dst = dst_stage + s * kLanesPerRow * kG;
         for (int p = lane; p < n_pieces; p += kWarpSize) cp_async_16(dst + 16 * p, src + 16 * p);
       }
@@ -211,13 +323,16 @@ __global__ void __launch_bounds__(kGroupedThreads)
     cp_async_commit();
   };
 
-  // This warp's first chunk of weights (no kernel of the step writes them), then x, which
-  // the kernels before produce, into shared memory, padded per group (all threads).
+  // This warp's first chunk of weights and its norm weights (no kernel of the step writes
+  // them), then x, which the kernels before produce, into shared memory, padded per group
+  // (all threads).
   issue(0);
+  float4 norm_w[kFromF32 ? kF32Steps : 1];
+  if constexpr (kFromF32) load_norm_weights(in, groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
   allow_next_kernel();
   if constexpr (kFromF32) {
-    quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s);
+    quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
     cp_async_wait<0>();
   } else {
     for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
@@ -238,13 +353,8 @@ __global__ void __launch_bounds__(kGroupedThreads)
     const int group = chunk * kLanesPerRow + li;
     const int row = task * kSlots + slot;
     if (group < groups && row < rows) {
-      uint32_t g[kUnits * 4];
-      const uint4* src = reinterpret_cast<const uint4*>(my_stages + size_t(i & 1) * kWarpSize * kG + lane * kG);
-#pragma unroll
-      for (int u = 0; u < kUnits; ++u) {
-        const uint4 v = src[u];
-        g[4 * u] = v.x, g[4 * u + 1] = v.y, g[4 * u + 2] = v.z, g[4 * u + 3] = v.w;
-      }
+      uint32_t g[group_words<Fmt>()];
+      load_group<Fmt>(my_stages + size_t(i & 1) * kWarpSize * kG + lane * kG, g);
       const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
       const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
 #pragma unroll
@@ -263,11 +373,21 @@ __global__ void __launch_bounds__(kGroupedThreads)
       float v = acc;
 #pragma unroll
       for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
-      if (li == 0 && row < rows) {
-        const int part = seg.part_of(row);
-        const int local = row - seg.first_row(part);
+      int part = 0, local = 0;
+      if (row < rows) {
+        seg.locate(row, part, local);
         const float* add = GroupedSegments::pick(seg.add, part);
         if (add) v += add[local];
+      }
+      bool plain_store = li == 0 && row < rows;
+      if constexpr (kLanesPerRow == 16) {
+        if (ep.kind != PairEpilogueKind::None) {  // every row has its pair (host-checked)
+          const float partner = __shfl_xor_sync(kFullMask, v, 16);
+          if (li == 0) rope_store_pair(ep, part, local, slot, v, partner, GroupedSegments::pick(seg.y, part));
+          plain_store = false;
+        }
+      }
+      if (plain_store) {
         GroupedSegments::pick(seg.y, part)[local] = v;
         if (float* acc = GroupedSegments::pick(seg.acc, part)) acc[local] += v;
       }
@@ -279,7 +399,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
 
 template <typename Fmt, int kLanesPerRow, bool kFromF32>
 Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                      const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
+                      const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   auto kernel = matvec_grouped_kernel<Fmt, kLanesPerRow, kFromF32>;
   const size_t smem = grouped_smem_bytes<Fmt>(cols);
   // Per kernel: the dynamic shared-memory limit raised once, resident blocks per SM for the
@@ -307,44 +427,79 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   const int grid = int(min64(blocks_needed, int64_t(max(1, blocks_per_sm)) * max(1, sms)));
   launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, int(total_rows),
-                 int(cols / kGroupElems), xq.qs, xq.ds, in);
+                 int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
   return launch_status("matvec_grouped_kernel");
 }
 
+// Rows of at most 16 groups take two rows per task (16 lanes each), wider ones one; the pair
+// epilogues need the former (matvec_pairs_fit).
+constexpr int kMaxPairGroups = 16;
+
 template <typename Fmt, bool kFromF32>
 Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                        const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
-  if (cols / kGroupElems <= 16)
-    return launch_grouped<Fmt, 16, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
-  return launch_grouped<Fmt, 32, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+                        const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  if (cols / kGroupElems <= kMaxPairGroups)
+    return launch_grouped<Fmt, 16, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
+  return launch_grouped<Fmt, 32, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
 }
 
 template <bool kFromF32>
 Status dispatch_type(GgmlType type, const GroupedSegments& seg, int64_t total_rows, int64_t cols,
-                     int64_t w_row_bytes, const Q8Vector& xq, const F32Input& in, cudaStream_t stream) {
+                     int64_t w_row_bytes, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
+                     cudaStream_t stream) {
   if (type == GgmlType::Q4_0)
-    return dispatch_grouped<GroupQ4_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+    return dispatch_grouped<GroupQ4_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
   if (type == GgmlType::Q4_K)
-    return dispatch_grouped<GroupQ4_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
-  return dispatch_grouped<GroupQ8_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, stream);
+    return dispatch_grouped<GroupQ4_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
+  if (type == GgmlType::Q6_K)
+    return dispatch_grouped<GroupQ6_K, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
+  return dispatch_grouped<GroupQ8_0, kFromF32>(seg, total_rows, cols, w_row_bytes, xq, in, ep, stream);
 }
 
 size_t smem_for(GgmlType type, int64_t cols) {
   if (type == GgmlType::Q4_0) return grouped_smem_bytes<GroupQ4_0>(cols);
   if (type == GgmlType::Q4_K) return grouped_smem_bytes<GroupQ4_K>(cols);
+  if (type == GgmlType::Q6_K) return grouped_smem_bytes<GroupQ6_K>(cols);
   return grouped_smem_bytes<GroupQ8_0>(cols);
+}
+
+int group_bytes_of(GgmlType type) {
+  if (type == GgmlType::Q4_0) return GroupQ4_0::kGroupBytes;
+  if (type == GgmlType::Q4_K) return GroupQ4_K::kGroupBytes;
+  if (type == GgmlType::Q6_K) return GroupQ6_K::kGroupBytes;
+  return GroupQ8_0::kGroupBytes;
 }
 
 
 }  // namespace detail
 
+bool matvec_grouped_type(GgmlType type) {
+  return type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+}
+
 bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
-  if (a.type != GgmlType::Q4_0 && a.type != GgmlType::Q8_0 && a.type != GgmlType::Q4_K) return false;
+  if (!matvec_grouped_type(a.type)) return false;
   if (a.rows_per_warp != 0 || a.warps_per_row != 0) return false;  // tuning knobs: the general kernel
   if (a.cols % detail::kGroupElems != 0 || a.rows >= (int64_t(1) << 30)) return false;
+  // Every chunk of a row (up to 32 groups, the last one partial) is copied in whole 16-byte
+  // pieces; for q6_K (210-byte groups) that needs a multiple of 8 groups.
+  if (a.cols / detail::kGroupElems * detail::group_bytes_of(a.type) % 16 != 0) return false;
   if (!detail::aligned16(a.w) || a.w_row_bytes % 16 != 0) return false;
   if (!detail::aligned16(xq.qs) || !detail::aligned16(xq.ds)) return false;
   return detail::smem_for(a.type, a.cols) <= 200 * 1024;
+}
+
+bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep) {
+  if (ep.kind == PairEpilogueKind::None) return true;
+  if (cols % detail::kGroupElems != 0 || cols / detail::kGroupElems > detail::kMaxPairGroups) return false;
+  for (const MatvecPart& p : parts)
+    if (p.rows % 2 != 0 || p.accumulate) return false;
+  const KvStoreArgs& st = ep.store;
+  return parts.size() == 3 && ep.head_dim > 0 && ep.head_dim % 2 == 0 && ep.n_rot > 0 &&
+         ep.n_rot % 2 == 0 && ep.n_rot <= ep.head_dim && parts[0].rows % ep.head_dim == 0 &&
+         parts[1].rows % ep.head_dim == 0 && parts[1].rows == st.k_width &&
+         parts[2].rows == st.v_width && st.slots && st.cache_k && st.cache_v &&
+         (st.cache_type == GgmlType::F32 || st.cache_type == GgmlType::F16);
 }
 
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
@@ -361,14 +516,17 @@ bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::spa
 }
 
 Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
-                       const Q8Vector& xq, cudaStream_t stream) {
+                       const Q8Vector& xq, cudaStream_t stream, const PairEpilogue& ep) {
   if (!matvec_parts_fit(type, cols, w_row_bytes, parts, xq) || xq.n != cols)
     return Status::invalid("matvec_q8_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
-                           " columns do not fit the grouped kernel (q4_0 / q8_0, 16-byte aligned, at most " +
+                           " columns do not fit the grouped kernel (q4_0 / q8_0 / q4_K / q6_K, 16-byte aligned, "
+                           "at most " +
                            std::to_string(kMaxMatvecParts) + " parts)");
+  if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
+    return Status::invalid("matvec_q8_parts: the pair epilogue does not fit");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
-  return detail::dispatch_type<false>(type, seg, total, cols, w_row_bytes, xq, F32Input{}, stream);
+  return detail::dispatch_type<false>(type, seg, total, cols, w_row_bytes, xq, F32Input{}, ep, stream);
 }
 
 bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
@@ -384,14 +542,17 @@ bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std:
 }
 
 Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
-                        const F32Input& in, cudaStream_t stream) {
+                        const F32Input& in, cudaStream_t stream, const PairEpilogue& ep) {
   if (!matvec_parts_f32_fit(type, cols, w_row_bytes, parts, in))
     return Status::invalid("matvec_f32_parts: " + std::to_string(parts.size()) + " parts of " + std::to_string(cols) +
-                           " columns with f32 x do not fit the grouped kernel (q4_0 / q8_0 / q4_K, 16-byte aligned, "
+                            " columns with f32 x do not fit the grouped kernel (q4_0 / q8_0 / q4_K / q6_K, "
+                           "16-byte aligned, "
                            "at most " + std::to_string(kMaxF32InputCols) + " columns)");
+  if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
+    return Status::invalid("matvec_f32_parts: the pair epilogue does not fit");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
-  return detail::dispatch_type<true>(type, seg, total, cols, w_row_bytes, Q8Vector{}, in, stream);
+  return detail::dispatch_type<true>(type, seg, total, cols, w_row_bytes, Q8Vector{}, in, ep, stream);
 }
 
 Status matvec_q8_grouped(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {

@@ -1,14 +1,20 @@
 #pragma once
-// The grouped q4_0 / q8_0 decode matvec (matvec_grouped.cu): whole groups of 8 blocks per
-// lane, read with aligned 16-byte loads. matvec_q8 takes it when matvec_grouped_fits.
+// The grouped q4_0 / q8_0 / q4_K / q6_K decode matvec (matvec_grouped.cu): whole groups of
+// 256 weights per lane, staged with aligned 16-byte copies. matvec_q8 takes it when
+// matvec_grouped_fits.
 #include <span>
 
 #include "backend/cuda/matvec.h"
+#include "backend/cuda/ops_extra.h"
 
 namespace kiln::cuda {
 
-// q4_0 or q8_0 weights, cols a multiple of 256, weights, rows and the quantized x 16-byte
-// aligned, no tuning knobs set (those pick the general kernel).
+// Weight types the grouped kernel reads: q4_0, q8_0, q4_K, q6_K.
+bool matvec_grouped_type(GgmlType type);
+
+// One of those types, cols a multiple of 256 (of 2048 for q6_K, whose 210-byte super-blocks
+// reach a 16-byte boundary every 8), weights, rows and the quantized x 16-byte aligned, no
+// tuning knobs set (those pick the general kernel).
 bool matvec_grouped_fits(const MatvecArgs& args, const Q8Vector& xq);
 Status matvec_q8_grouped(const MatvecArgs& args, const Q8Vector& xq, cudaStream_t stream);
 
@@ -23,10 +29,29 @@ struct MatvecPart {
   float* y = nullptr;          // [rows]
   float* accumulate = nullptr; // [rows] or null: accumulate[r] += y[r] too (a residual stream)
 };
+
+// What a launch may do with the two rows of a warp's task besides the products, so that the
+// op after them needs no kernel of its own (pairs need cols <= 4096, where a task is two
+// rows of 16 lanes each; matvec_pairs_fit says whether a launch can):
+//  - RopeStore: parts q, k, v of token `token`. The row pairs (2i, 2i+1) of each q and k head
+//    are rotated as rope() does in its normal (not NeoX) style, with the angles of a
+//    rope_table(), and k and v also go into the KV cache at the token's slot: what
+//    rope_store() would do after the products.
+enum class PairEpilogueKind : uint8_t { None, RopeStore };
+struct PairEpilogue {
+  PairEpilogueKind kind = PairEpilogueKind::None;
+  int64_t token = 0;              // the batch row of this launch (index into angles and slots)
+  int head_dim = 0, n_rot = 0;    // the first n_rot dims of each head rotate
+  const float* angles = nullptr;  // rope_table(): per token, cos [n_rot / 2] then sin [n_rot / 2]
+  KvStoreArgs store;              // the cache and slots (k and v unused: the products' rows go)
+};
+// The shapes (angles are checked at launch).
+bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep);
+
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                       const Q8Vector& xq);
 Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
-                       const Q8Vector& xq, cudaStream_t stream);
+                       const Q8Vector& xq, cudaStream_t stream, const PairEpilogue& ep = {});
 
 // The same products with x given in f32 and quantized by every block of the launch into its
 // own shared memory (the bytes quantize_q8 would write), so that no separate quantizing
@@ -43,6 +68,6 @@ constexpr int64_t kMaxF32InputCols = 8192;
 bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                           const F32Input& in);
 Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
-                        const F32Input& in, cudaStream_t stream);
+                        const F32Input& in, cudaStream_t stream, const PairEpilogue& ep = {});
 
 }  // namespace kiln::cuda

@@ -35,6 +35,10 @@ struct GroupedSegments {
     return r;
   }
   __device__ __forceinline__ int first_row(int part) const { return part == 0 ? 0 : pick(end, part - 1); }
+  // The part of global row `row` and its row within that part.
+  __device__ __forceinline__ void locate(int row, int& part, int& local) const {
+    part = part_of(row), local = row - first_row(part);
+  }
 };
 
 // The parts stacked by rows (see GroupedSegments); unused slots end at INT_MAX.

@@ -82,6 +82,15 @@ __device__ inline void rope_angles(const RopeArgs& a, const RopeConstants& c, in
   }
 }
 
+// The pair (x0, x1) rotated by the angle whose cosine and sine are c and s (mscale
+// included), rounded as the CPU backend does: no fused multiply-adds.
+__device__ __forceinline__ float rotated_first(float x0, float x1, float c, float s) {
+  return __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+}
+__device__ __forceinline__ float rotated_second(float x0, float x1, float c, float s) {
+  return __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 // Rotates heads [first_head, first_head + heads_per_block) of token t in place. With
 // cache_row (the token's key row of the cache, heads packed head_dim apart), every element
 // of those heads, rotated or passed through, is stored there too.
@@ -97,8 +106,8 @@ __device__ inline void rotate_heads(const RopeArgs& a, int64_t t, int64_t first_
     float* v = xt + head * a.head_stride;
     const int first = a.neox ? i : 2 * i, second = a.neox ? i + half : 2 * i + 1;
     const float x0 = v[first], x1 = v[second];
-    const float y0 = __fsub_rn(__fmul_rn(x0, cos_s[i]), __fmul_rn(x1, sin_s[i]));
-    const float y1 = __fadd_rn(__fmul_rn(x0, sin_s[i]), __fmul_rn(x1, cos_s[i]));
+    const float y0 = rotated_first(x0, x1, cos_s[i], sin_s[i]);
+    const float y1 = rotated_second(x0, x1, cos_s[i], sin_s[i]);
     v[first] = y0;
     v[second] = y1;
     if (cache_row) {

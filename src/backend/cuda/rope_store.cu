@@ -1,5 +1,6 @@
 // rope of q and k plus the KV-cache store in one launch (see rope_store.h). Grid: (tokens,
-// q head groups + k head groups + v pieces); every block of a token computes its angles.
+// q head groups + k head groups + v pieces); every block of a token reads its angles from
+// the pass's rope_table or, without one, computes them.
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/rope_math.cuh"
 #include "backend/cuda/rope_store.h"
@@ -10,9 +11,37 @@ namespace detail {
 constexpr int kRopeStoreThreads = 128;
 constexpr int kValuesPerPiece = 2 * kRopeStoreThreads;
 
+static_assert(kRopeStoreThreads / kWarpSize == kRopeHeadsPerBlock, "one warp per head for the head norms");
+constexpr int kMaxNormHeadDim = 256;
+
+// Per-head RMS norm in place, one warp per head of the block's heads (rmsnorm()'s formula):
+// x = x / rms(x) * weight over the head's head_dim values.
+__device__ void norm_heads(const RopeArgs& a, int64_t t, int64_t first_head, const float* weight, float eps) {
+  constexpr int kPerLane = kMaxNormHeadDim / kWarpSize;
+  const int64_t head = first_head + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (head >= a.n_heads) return;
+  float* x = a.x + t * a.token_stride + head * a.head_stride;
+  float v[kPerLane];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = j * kWarpSize + lane;
+    v[j] = d < a.head_dim ? x[d] : 0.0f;
+    sum_sq = fmaf(v[j], v[j], sum_sq);
+  }
+  const float inv = rsqrtf(warp_sum(sum_sq) / float(a.head_dim) + eps);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = j * kWarpSize + lane;
+    if (d < a.head_dim) x[d] = __fmul_rn(__fmul_rn(v[j], inv), weight[d]);
+  }
+}
+
 template <typename KV>
 __global__ void __launch_bounds__(kRopeStoreThreads)
-    rope_store_kernel(RopeArgs q, RopeArgs k, KvStoreArgs st, RopeConstants c, int q_groups, int k_groups) {
+    rope_store_kernel(RopeArgs q, RopeArgs k, KvStoreArgs st, RopeConstants c, int q_groups, int k_groups,
+                      const float* angles, HeadNorms norms) {
   __shared__ float cos_s[kMaxRopeHalf], sin_s[kMaxRopeHalf];
   const int64_t t = blockIdx.x;
   const int y = int(blockIdx.y);
@@ -29,17 +58,39 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
   }
   const bool is_k = y >= q_groups;
   const RopeArgs& a = is_k ? k : q;
-  rope_angles(a, c, t, cos_s, sin_s);
+  if (!angles) rope_angles(a, c, t, cos_s, sin_s);
   begin_chained_kernel();
-  __syncthreads();
+  if (angles) {  // the pass's table, written by a kernel before this one
+    const int half = a.n_rot / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+      cos_s[i] = angles[t * a.n_rot + i], sin_s[i] = angles[t * a.n_rot + half + i];
+  }
   const int64_t first_head = int64_t(is_k ? y - q_groups : y) * kRopeHeadsPerBlock;
+  if (const float* w = is_k ? norms.k : norms.q) norm_heads(a, t, first_head, w, norms.eps);
+  __syncthreads();  // the angles, and the normed heads (global memory, read by other threads)
   KV* cache_row = is_k && slot_ok ? static_cast<KV*>(st.cache_k) + slot * st.cache_k_stride : nullptr;
   rotate_heads(a, t, first_head, kRopeHeadsPerBlock, cache_row, cos_s, sin_s);
 }
 
+__global__ void __launch_bounds__(kRopeStoreThreads) rope_table_kernel(RopeArgs a, RopeConstants c, float* table) {
+  begin_chained_kernel();  // the kernel before may still read the table of the previous pass
+  float* row = table + int64_t(blockIdx.x) * a.n_rot;
+  rope_angles(a, c, blockIdx.x, row, row + a.n_rot / 2);
+}
+
 }  // namespace detail
 
-Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, cudaStream_t stream) {
+Status rope_table(const RopeArgs& rope, float* table, cudaStream_t stream) {
+  detail::RopeConstants c;
+  if (Status s = detail::rope_constants(rope, &c); !s.ok()) return s;
+  if (!table) return Status::invalid("rope_table: no table");
+  launch_chained(detail::rope_table_kernel, unsigned(rope.n_tokens), detail::kRopeStoreThreads, 0, stream, rope, c,
+                 table);
+  return launch_status("rope_table_kernel");
+}
+
+Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, cudaStream_t stream,
+                  const float* angles, const HeadNorms& norms) {
   detail::RopeConstants c;
   if (Status s = detail::rope_constants(q, &c); !s.ok()) return s;
   if (Status s = detail::rope_constants(k, &c); !s.ok()) return s;
@@ -52,6 +103,9 @@ Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, c
   if (k.head_stride != k.head_dim || st.k != k.x || st.k_stride != k.token_stride ||
       st.k_width != k.n_heads * k.head_dim || st.n_tokens != k.n_tokens || !st.slots || !st.v)
     return Status::invalid("rope_store: k must be packed heads, the same rows as the store's keys");
+  if ((norms.q || norms.k) && (q.head_dim > detail::kMaxNormHeadDim || q.head_stride != q.head_dim))
+    return Status::invalid("rope_store: head norms take packed heads of at most " +
+                           std::to_string(detail::kMaxNormHeadDim) + " values");
   if (st.cache_type != GgmlType::F32 && st.cache_type != GgmlType::F16)
     return Status::invalid("rope_store: cache type " + std::string(type_name(st.cache_type)) + " (f32 or f16)");
   const int64_t q_groups = (q.n_heads + detail::kRopeHeadsPerBlock - 1) / detail::kRopeHeadsPerBlock;
@@ -61,10 +115,10 @@ Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, c
   const dim3 grid(unsigned(q.n_tokens), unsigned(q_groups + k_groups + v_pieces));
   if (st.cache_type == GgmlType::F16)
     launch_chained(detail::rope_store_kernel<__half>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c,
-                   int(q_groups), int(k_groups));
+                   int(q_groups), int(k_groups), angles, norms);
   else
     launch_chained(detail::rope_store_kernel<float>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c,
-                   int(q_groups), int(k_groups));
+                   int(q_groups), int(k_groups), angles, norms);
   return launch_status("rope_store_kernel");
 }
 

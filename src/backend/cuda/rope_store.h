@@ -13,6 +13,22 @@ namespace kiln::cuda {
 
 // q and k share positions, token count and every rope parameter; k's heads are packed
 // (head_stride == head_dim) and k.x / store.k are the same rows (store.k_width = heads x dim).
-Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store, cudaStream_t stream);
+// With `angles` (a rope_table of these positions and parameters) the blocks read their
+// angles instead of computing them. With head norms (Qwen3's q/k norms: weights [head_dim],
+// head_dim <= 256, packed heads) each head is RMS-normalized in place first, as rmsnorm()
+// over heads as rows would (the sum of squares added in another order: ~1 ulp apart).
+struct HeadNorms {
+  const float* q = nullptr;  // [head_dim] or null: q heads not normalized
+  const float* k = nullptr;
+  float eps = 0.0f;
+};
+Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store, cudaStream_t stream,
+                  const float* angles = nullptr, const HeadNorms& norms = {});
+
+// The rotation angles of every token of a batch, computed once per pass for all layers that
+// rope with these parameters (the q/k/v products' epilogue reads them; see PairEpilogue):
+// table + t * n_rot holds cos(theta_i) * mscale for i < n_rot / 2, then the sines, as rope()
+// computes them (angles in double). Reads only the positions; x is not used.
+Status rope_table(const RopeArgs& rope, float* table, cudaStream_t stream);
 
 }  // namespace kiln::cuda
