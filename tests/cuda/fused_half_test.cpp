@@ -17,18 +17,12 @@
 #include <cstring>
 #include <random>
 
-#include "backend/cuda/cuda_backend.h"
-#include "cuda_test_support.h"
+#include "fused_ops_fixture.h"
 #include "model/model_test_util.h"
 #include "support/testdata.h"
 
 namespace kiln::testing {
 namespace {
-
-using cuda::testing::all_close;
-using cuda::testing::all_equal_bits;
-using cuda::testing::random_floats;
-using cuda::testing::random_rows;
 
 constexpr float kEps = 1e-5f;
 
@@ -45,33 +39,16 @@ struct HostWeight {
   }
 };
 
-class FusedHalfOps : public ::testing::Test {
+// The fused-op fixture with weights kept on the host too, for the double references.
+class FusedHalfOps : public FusedOps {
  protected:
-  void SetUp() override {
-    KILN_REQUIRE_GPU();
-    CudaOptions o;
-    o.graphs = false;
-    gpu_ = std::make_unique<CudaBackend>(o);
-  }
-  Tensor floats(std::initializer_list<int64_t> shape, const std::vector<float>& data) {
-    buffers_.push_back(gpu_->allocate(data.size() * sizeof(float)));
-    Tensor t = buffers_.back()->view(GgmlType::F32, shape);
-    gpu_->upload(data.data(), t, data.size() * sizeof(float));
-    return t;
-  }
-  Tensor poisoned(int64_t n, int64_t T) { return floats({n, T}, std::vector<float>(size_t(n * T), NAN)); }
-  HostWeight weight(GgmlType type, int64_t K, int64_t N) {
+  HostWeight host_weight(GgmlType type, int64_t K, int64_t N) {
     HostWeight w{type, K, N, random_rows(rng_, type, N, K, K * 2), {}};
     w.bytes.resize(size_t(N * K * 2));  // random_rows leaves 16 bytes of slack
     buffers_.push_back(gpu_->allocate(w.bytes.size()));
     w.t = buffers_.back()->view(type, {K, N});
     gpu_->upload(w.bytes.data(), w.t, w.bytes.size());
     return w;
-  }
-  std::vector<float> host(const Tensor& t) {
-    std::vector<float> v(size_t(t.elements()));
-    gpu_->download(t, v.data(), v.size() * sizeof(float));
-    return v;
   }
   // w x_t (+ bias) for every token t of x ([K, T] as doubles), with the error bound.
   static void reference(const HostWeight& w, const std::vector<double>& x, int64_t T, const std::vector<float>* bias,
@@ -97,9 +74,6 @@ class FusedHalfOps : public ::testing::Test {
     return all_close(host(y), ref, tol, what);
   }
 
-  std::mt19937_64 rng_{20261130};
-  std::unique_ptr<CudaBackend> gpu_;
-  std::vector<std::unique_ptr<Buffer>> buffers_;
 };
 
 std::vector<double> as_doubles(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
@@ -113,19 +87,13 @@ TEST_F(FusedHalfOps, NormAndQkvProducts) {
         const std::vector<float> norm_host = random_floats(rng_, size_t(K), 0.5f, 1.5f);
         const std::vector<float> bias_host = random_floats(rng_, 40, -1.0f, 1.0f);
         const Tensor x = floats({K, T}, x_host), norm_w = floats({K}, norm_host), bias = floats({40}, bias_host);
-        const HostWeight wq = weight(type, K, 130), wk = weight(type, K, 40), wv = weight(type, K, 40);
+        const HostWeight wq = host_weight(type, K, 130), wk = host_weight(type, K, 40), wv = host_weight(type, K, 40);
         Tensor normed = poisoned(K, T), q = poisoned(130, T), k = poisoned(40, T), v = poisoned(40, T);
         const Tensor none;
         const Backend::MatmulPart parts[] = {{&wq.t, &none, &q}, {&wk.t, &bias, &k}, {&wv.t, nullptr, &v}};
         gpu_->rmsnorm_matmul_parts(x, norm_w, kEps, normed, parts);
 
-        std::vector<double> xn(size_t(K * T));
-        for (int64_t t = 0; t < T; ++t) {
-          double sum_sq = 0;
-          for (int64_t i = 0; i < K; ++i) sum_sq += double(x_host[size_t(t * K + i)]) * x_host[size_t(t * K + i)];
-          const double inv = 1.0 / std::sqrt(sum_sq / double(K) + kEps);
-          for (int64_t i = 0; i < K; ++i) xn[size_t(t * K + i)] = x_host[size_t(t * K + i)] * inv * norm_host[size_t(i)];
-        }
+        const std::vector<double> xn = double_rmsnorm(x_host, norm_host, K, T, kEps);
         EXPECT_TRUE(all_close(host(normed), xn, 2e-6, 0.0, "normed vs double rmsnorm"));
         EXPECT_TRUE(matches(q, wq, xn, T, nullptr, "q"));
         EXPECT_TRUE(matches(k, wk, xn, T, &bias_host, "k (with bias)"));
@@ -151,7 +119,7 @@ TEST_F(FusedHalfOps, MatmulAddAndMatmul) {
       const std::vector<float> bias_host = random_floats(rng_, size_t(N), -1.0f, 1.0f);
       const std::vector<float> residual_host = random_floats(rng_, size_t(N * T), -3.0f, 3.0f);
       const Tensor x = floats({K, T}, x_host), bias = floats({N}, bias_host);
-      const HostWeight w = weight(type, K, N);
+      const HostWeight w = host_weight(type, K, N);
       Tensor residual = floats({N, T}, residual_host), out = poisoned(N, T);
       gpu_->matmul_add(x, w.t, bias, out, residual);
       const std::vector<float> got_out = host(out);

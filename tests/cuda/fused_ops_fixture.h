@@ -5,6 +5,8 @@
 // fusion.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -44,6 +46,21 @@ class FusedOps : public ::testing::Test {
     gpu_->upload(v.data(), t, v.size() * 4);
     return t;
   }
+  // A cache of n_slots rows of `width` (f32 or f16), every element NaN.
+  Tensor nan_cache(GgmlType type, int64_t width, int64_t n_slots) {
+    const size_t elem = type == GgmlType::F16 ? 2 : 4;
+    buffers_.push_back(gpu_->allocate(size_t(width * n_slots) * elem));
+    Tensor t = buffers_.back()->view(type, {width, n_slots});
+    std::vector<uint8_t> bytes(size_t(width * n_slots) * elem);
+    for (size_t i = 0; i < bytes.size(); i += elem) {
+      const uint32_t nan32 = 0x7fc00000u;
+      const uint16_t nan16 = 0x7e00u;
+      if (elem == 4) std::memcpy(&bytes[i], &nan32, 4);
+      else std::memcpy(&bytes[i], &nan16, 2);
+    }
+    gpu_->upload(bytes.data(), t, bytes.size());
+    return t;
+  }
   Tensor poisoned(int64_t n, int64_t T) { return floats({n, T}, std::vector<float>(size_t(n * T), NAN)); }
   Tensor weight(GgmlType type, int64_t K, int64_t N) {
     const int64_t row_bytes = K / traits(type).block_size * traits(type).type_size;
@@ -70,5 +87,18 @@ class FusedOps : public ::testing::Test {
   std::unique_ptr<CudaBackend> gpu_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
 };
+
+// rmsnorm of T rows of K in double: x / sqrt(mean(x^2) + eps) * w.
+inline std::vector<double> double_rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int64_t K,
+                                          int64_t T, double eps) {
+  std::vector<double> out(size_t(K * T));
+  for (int64_t t = 0; t < T; ++t) {
+    double sum_sq = 0;
+    for (int64_t i = 0; i < K; ++i) sum_sq += double(x[size_t(t * K + i)]) * x[size_t(t * K + i)];
+    const double inv = 1.0 / std::sqrt(sum_sq / double(K) + eps);
+    for (int64_t i = 0; i < K; ++i) out[size_t(t * K + i)] = x[size_t(t * K + i)] * inv * w[size_t(i)];
+  }
+  return out;
+}
 
 }  // namespace kiln::testing

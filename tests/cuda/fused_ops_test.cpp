@@ -136,13 +136,7 @@ TEST_F(FusedOps, NormInsideProductsMatchesProductsOfTheNormedVector) {
         const Backend::MatmulPart parts[] = {{&wq, &none, &q}, {&wk, &bias, &k}, {&wv, nullptr, &v}};
         gpu_->rmsnorm_matmul_parts(x, norm_w, kEps, normed, parts);
 
-        std::vector<double> want(size_t(K * T));
-        for (int64_t t = 0; t < T; ++t) {
-          double sum_sq = 0;
-          for (int64_t i = 0; i < K; ++i) sum_sq += double(x_host[size_t(t * K + i)]) * x_host[size_t(t * K + i)];
-          const double inv = 1.0 / std::sqrt(sum_sq / double(K) + kEps);
-          for (int64_t i = 0; i < K; ++i) want[size_t(t * K + i)] = x_host[size_t(t * K + i)] * inv * w_host[size_t(i)];
-        }
+        const std::vector<double> want = double_rmsnorm(x_host, w_host, K, T, kEps);
         // f32: rsqrt (2 ulp), two rounded products, a sum of K squares in another order.
         EXPECT_TRUE(all_close(host(normed), want, 2e-6, 0.0, "normed vs double rmsnorm"));
         EXPECT_TRUE(all_equal_bits(host(q), apart(normed, wq, none), "q"));
@@ -177,14 +171,7 @@ TEST_F(FusedOps, MatmulAddWritesTheProductAndAddsItToTheResidual) {
         std::vector<float> want_residual(residual_host.size());
         for (size_t i = 0; i < want_residual.size(); ++i) want_residual[i] = residual_host[i] + got_out[i];
         EXPECT_TRUE(all_equal_bits(got_residual, want_residual, "residual"));
-        std::vector<double> want_normed(size_t(N * T));
-        for (int64_t t = 0; t < T; ++t) {
-          double sum_sq = 0;
-          for (int64_t i = 0; i < N; ++i) sum_sq += double(got_residual[size_t(t * N + i)]) * got_residual[size_t(t * N + i)];
-          const double inv = 1.0 / std::sqrt(sum_sq / double(N) + 1e-5);
-          for (int64_t i = 0; i < N; ++i)
-            want_normed[size_t(t * N + i)] = got_residual[size_t(t * N + i)] * inv * norm_w_host[size_t(i)];
-        }
+        const std::vector<double> want_normed = double_rmsnorm(got_residual, norm_w_host, N, T, 1e-5);
         EXPECT_TRUE(all_close(host(normed), want_normed, 2e-6, 0.0, "rmsnorm of the residual"));
       }
     }
@@ -234,19 +221,7 @@ TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
         }
         gpu_->upload(positions.data(), d.pos, size_t(T) * 4);
         gpu_->upload(slots.data(), d.slot, size_t(T) * 4);
-        for (Tensor* t : {&d.cache.k, &d.cache.v}) {
-          const size_t elem = cache_type == GgmlType::F16 ? 2 : 4;
-          buffers_.push_back(gpu_->allocate(size_t(kv_width * n_slots) * elem));
-          *t = buffers_.back()->view(cache_type, {kv_width, n_slots});
-          std::vector<uint8_t> nan_bytes(size_t(kv_width * n_slots) * elem);
-          for (size_t i = 0; i < nan_bytes.size(); i += elem) {
-            const uint32_t nan32 = 0x7fc00000u;
-            const uint16_t nan16 = 0x7e00u;
-            if (elem == 4) std::memcpy(&nan_bytes[i], &nan32, 4);
-            else std::memcpy(&nan_bytes[i], &nan16, 2);
-          }
-          gpu_->upload(nan_bytes.data(), *t, nan_bytes.size());
-        }
+        for (Tensor* t : {&d.cache.k, &d.cache.v}) *t = nan_cache(cache_type, kv_width, n_slots);
         d.cache.block_size = 8;
       }
       auto heads = [&](Tensor& rows, int n) { return rows.reshape({c.head_dim, n, T}); };

@@ -17,21 +17,6 @@ namespace {
 
 class PairEpilogues : public FusedOps {
  protected:
-  // A cache of n_slots rows of `width`, every byte NaN.
-  Tensor nan_cache(GgmlType type, int64_t width, int64_t n_slots) {
-    const size_t elem = type == GgmlType::F16 ? 2 : 4;
-    buffers_.push_back(gpu_->allocate(size_t(width * n_slots) * elem));
-    Tensor t = buffers_.back()->view(type, {width, n_slots});
-    std::vector<uint8_t> bytes(size_t(width * n_slots) * elem);
-    for (size_t i = 0; i < bytes.size(); i += elem) {
-      const uint32_t nan32 = 0x7fc00000u;
-      const uint16_t nan16 = 0x7e00u;
-      if (elem == 4) std::memcpy(&bytes[i], &nan32, 4);
-      else std::memcpy(&bytes[i], &nan16, 2);
-    }
-    gpu_->upload(bytes.data(), t, bytes.size());
-    return t;
-  }
   std::vector<uint8_t> raw(const Tensor& t) {
     std::vector<uint8_t> v(t.bytes());
     gpu_->download(t, v.data(), v.size());

@@ -23,6 +23,19 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// The sum of v over a block of kWarps warps, for every thread; `partial` is kWarps floats of
+// shared memory. Warp sums are added in warp order, so every thread gets the same bits.
+template <int kWarps>
+__device__ __forceinline__ float block_sum(float v, float* partial) {
+  v = warp_sum(v);
+  if (threadIdx.x % kWarpSize == 0) partial[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += partial[w];
+  return total;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));

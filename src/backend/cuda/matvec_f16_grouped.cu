@@ -109,13 +109,7 @@ __device__ void stage_input(const F32Input& in, int cols, float* x_s) {
   }
   if (!in.norm_weight) return;
 
-  sum_sq = warp_sum(sum_sq);
-  if (tid % kWarpSize == 0) partial[tid / kWarpSize] = sum_sq;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kHalfWarps; ++w) total += partial[w];
-  const float inv = rsqrtf(total / float(cols) + in.eps);  // rmsnorm()'s formula
+  const float inv = rsqrtf(block_sum<kHalfWarps>(sum_sq, partial) / float(cols) + in.eps);  // rmsnorm()'s formula
   // Each thread rescales the very elements it stored above: no barrier needed in between.
   for (int base = 0; base < cols; base += kStageStep * kStageBatch) {
     float4 g[kStageBatch];

@@ -223,13 +223,7 @@ __device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* 
   }
   float inv = 1.0f;
   if (in.norm_weight) {
-    sum_sq = warp_sum(sum_sq);
-    if (tid % kWarpSize == 0) partial[tid / kWarpSize] = sum_sq;
-    __syncthreads();
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kGroupedWarps; ++w) total += partial[w];
-    inv = rsqrtf(total / float(cols) + in.eps);  // rmsnorm()'s formula
+    inv = rsqrtf(block_sum<kGroupedWarps>(sum_sq, partial) / float(cols) + in.eps);  // rmsnorm()'s formula
   }
 #pragma unroll
   for (int s = 0; s < kF32Steps; ++s) {
@@ -477,7 +471,11 @@ bool matvec_grouped_type(GgmlType type) {
   return type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K;
 }
 
-bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
+namespace {
+
+// The weights' side of matvec_grouped_fits (the input's side differs between the int8 and
+// the f32 forms).
+bool grouped_weights_fit(const MatvecArgs& a) {
   if (!matvec_grouped_type(a.type)) return false;
   if (a.rows_per_warp != 0 || a.warps_per_row != 0) return false;  // tuning knobs: the general kernel
   if (a.cols % detail::kGroupElems != 0 || a.rows >= (int64_t(1) << 30)) return false;
@@ -485,8 +483,26 @@ bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
   // pieces; for q6_K (210-byte groups) that needs a multiple of 8 groups.
   if (a.cols / detail::kGroupElems * detail::group_bytes_of(a.type) % 16 != 0) return false;
   if (!detail::aligned16(a.w) || a.w_row_bytes % 16 != 0) return false;
-  if (!detail::aligned16(xq.qs) || !detail::aligned16(xq.ds)) return false;
   return detail::smem_for(a.type, a.cols) <= 200 * 1024;
+}
+
+// Every part's weights fit, and the rows in all stay below 2^30.
+bool parts_weights_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts) {
+  if (parts.empty() || parts.size() > size_t(kMaxMatvecParts)) return false;
+  int64_t total = 0;
+  for (const MatvecPart& p : parts) {
+    MatvecArgs a;
+    a.type = type, a.w = p.w, a.w_row_bytes = w_row_bytes, a.rows = p.rows, a.cols = cols;
+    if (p.rows <= 0 || !p.y || !grouped_weights_fit(a)) return false;
+    total += p.rows;
+  }
+  return total < (int64_t(1) << 30);
+}
+
+}  // namespace
+
+bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
+  return grouped_weights_fit(a) && detail::aligned16(xq.qs) && detail::aligned16(xq.ds);
 }
 
 bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep) {
@@ -504,15 +520,7 @@ bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const Pai
 
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                       const Q8Vector& xq) {
-  if (parts.empty() || parts.size() > size_t(kMaxMatvecParts)) return false;
-  int64_t total = 0;
-  for (const MatvecPart& p : parts) {
-    MatvecArgs a;
-    a.type = type, a.w = p.w, a.w_row_bytes = w_row_bytes, a.rows = p.rows, a.cols = cols;
-    if (p.rows <= 0 || !p.y || !matvec_grouped_fits(a, xq)) return false;
-    total += p.rows;
-  }
-  return total < (int64_t(1) << 30);
+  return detail::aligned16(xq.qs) && detail::aligned16(xq.ds) && parts_weights_fit(type, cols, w_row_bytes, parts);
 }
 
 Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
@@ -534,11 +542,7 @@ bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std:
   if (!in.x || cols > kMaxF32InputCols || !detail::aligned16(in.x)) return false;
   if (in.norm_weight && !detail::aligned16(in.norm_weight)) return false;
   if (in.normed && (!in.norm_weight || !detail::aligned16(in.normed))) return false;
-  // The weights' side is the int8 path's, checked with a stand-in aligned int8 copy.
-  alignas(16) static int8_t stand_in[16];
-  Q8Vector xq;
-  xq.qs = stand_in, xq.ds = reinterpret_cast<float2*>(stand_in), xq.n = cols;
-  return matvec_parts_fit(type, cols, w_row_bytes, parts, xq);
+  return parts_weights_fit(type, cols, w_row_bytes, parts);
 }
 
 Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
