@@ -11,6 +11,8 @@
 // every pass when graphs are off. Decode attention sizes its grid for a context bucket
 // (attention_bucket) rather than the exact length, so that one graph serves many steps.
 // KILN_CUDA_GRAPH_PIECES=N flushes a pass in graphs of N ops instead (measured slower; off).
+// KILN_CUDA_SKIP_OPS=a,b leaves the named ops out (wrong results; for measuring what each
+// costs in the chained graph, see graph.cpp).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
