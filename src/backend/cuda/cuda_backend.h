@@ -123,19 +123,28 @@ class CudaBackend final : public Backend {
   void defer_add(const Tensor& out, Tensor& residual);
   // A decode launch of two or three grouped products (q/k/v, gate/up) is held back the same
   // way, because the op right after it may run in its epilogue (cuda_backend_fused.cpp):
-  // rope_kv_store after q/k/v (the rotation and the cache store), one kernel fewer. pending_products_take says whether the held launch's outputs are
-  // `outs`, in order, and whether it can take `ep`; fuse_into_pending_products then records
-  // it with that epilogue. The epilogue may write only the products' outputs and the cache.
+  // rope_kv_store after q/k/v (the rotation and the cache store), one kernel fewer.
+  // pending_products_take says whether the held launch's outputs are `outs`, in order, and
+  // whether it can take `ep`; fuse_into_pending_products then records it with that epilogue
+  // (which may write only the products' outputs and the cache). `after`: the int8 copy of x
+  // the launch leaves (or none).
   struct PendingProducts;
+  struct QuantizedInput;  // below
   std::shared_ptr<PendingProducts> pending_products_;
   using ProductsLaunch = std::function<cuda::Status(cudaStream_t, const cuda::PairEpilogue&)>;
   void defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
-                      int64_t cols, ProductsLaunch launch, const char* op);
+                      int64_t cols, ProductsLaunch launch, const QuantizedInput& after, const char* op);
   bool pending_products_take(std::span<const Tensor* const> outs, const cuda::PairEpilogue& ep) const;
   void fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig, const char* op);
+  void flush_pending_products();
+  // Records the held launch with `ep`; with `fused_sig`, its signature extended by that.
+  void record_held_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash* fused_sig, const char* op);
+  // At most one of the two is pending; this records it.
+  void flush_pending();
   // Rope angle tables (cuda::rope_table) of the current pass, one per positions tensor and
-  // rope parameters (`key`): recorded by the first fused rope of a pass, read by every layer's;
-  // an upload (the next pass's positions) makes them stale.
+  // rope parameters (`key`): recorded by the first decode rope of a pass, read by every
+  // layer's (rope_store or the products' epilogue); an upload (the next pass's positions)
+  // makes them stale.
   struct RopeTable {
     uint64_t key = 0;
     std::unique_ptr<Buffer> buffer;
@@ -143,11 +152,8 @@ class CudaBackend final : public Backend {
   };
   std::vector<RopeTable> rope_tables_;
   const float* rope_table_for(const cuda::RopeArgs& rope, uint64_t key);
-  void flush_pending_products();
   bool record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                          const RopeParams& params, KvLayer& cache, const Tensor& slots, const cuda::HeadNorms& norms);
-  // At most one of the two is pending; this records it.
-  void flush_pending();
   // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false
   // where it does not apply (the caller then runs the parts one by one).
   bool matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts);

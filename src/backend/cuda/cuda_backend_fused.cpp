@@ -196,10 +196,8 @@ struct CudaBackend::PendingProducts {
   const char* op = "";
 };
 
-// Called with quantized_input_ already set to what the launch leaves.
 void CudaBackend::defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
-                                 int64_t cols, ProductsLaunch launch, const char* op) {
-  const QuantizedInput after = quantized_input_;
+                                 int64_t cols, ProductsLaunch launch, const QuantizedInput& after, const char* op) {
   flush_pending();
   auto p = std::make_shared<PendingProducts>();
   p->sig = sig, p->tokens = tokens, p->parts = cuda_fused::grouped_parts(parts), p->cols = cols;
@@ -210,11 +208,16 @@ void CudaBackend::defer_products(const cuda::SignatureHash& sig, int64_t tokens,
 }
 
 void CudaBackend::flush_pending_products() {
-  if (!pending_products_) return;
-  const std::shared_ptr<PendingProducts> p = std::move(pending_products_);
-  pending_products_.reset();
-  record(p->sig, p->tokens, [launch = p->launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, p->op);
-  quantized_input_ = p->input_after;
+  if (pending_products_) record_held_products(cuda::PairEpilogue{}, nullptr, pending_products_->op);
+}
+
+void CudaBackend::record_held_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash* fused_sig,
+                                       const char* op) {
+  const std::shared_ptr<PendingProducts> held = std::move(pending_products_);  // record() finds none held
+  cuda::SignatureHash h = held->sig;
+  if (fused_sig) h.pod(fused_sig->value);
+  record(h, held->tokens, [launch = held->launch, ep](cudaStream_t s) { return launch(s, ep); }, op);
+  quantized_input_ = held->input_after;
 }
 
 bool CudaBackend::pending_products_take(std::span<const Tensor* const> outs, const cuda::PairEpilogue& ep) const {
@@ -230,12 +233,7 @@ bool CudaBackend::pending_products_take(std::span<const Tensor* const> outs, con
 void CudaBackend::fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig,
                                              const char* op) {
   KILN_CHECK(pending_products_, "cuda: no held products to take {}", op);
-  const std::shared_ptr<PendingProducts> taken = std::move(pending_products_);
-  pending_products_.reset();
-  cuda::SignatureHash h = taken->sig;
-  h.pod(sig.value);
-  record(h, taken->tokens, [launch = taken->launch, ep](cudaStream_t s) { return launch(s, ep); }, op);
-  quantized_input_ = taken->input_after;
+  record_held_products(ep, &sig, op);
 }
 
 const float* CudaBackend::rope_table_for(const cuda::RopeArgs& rope, uint64_t key) {
@@ -337,10 +335,8 @@ void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> pa
   // only where it was written to the scratch.
   const QuantizedInput after = from_f32 ? QuantizedInput{} : input;
   // Held back where the next op may join the launch's epilogue (one launch: one int8 type).
-  if (!accumulate && parts.size() >= 2 && launches.n == 1 && !half) {
-    quantized_input_ = after;
-    return defer_products(h, T, parts, K, std::move(launch), "matmul_parts");
-  }
+  if (!accumulate && parts.size() >= 2 && launches.n == 1 && !half)
+    return defer_products(h, T, parts, K, std::move(launch), after, "matmul_parts");
   record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "matmul_parts");
   quantized_input_ = after;
 }
@@ -384,10 +380,8 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
     }
     return cuda::Status();
   };
-  if (parts.size() >= 2 && launches.n == 1 && !any_half(launches)) {
-    quantized_input_ = {};
-    return defer_products(h, T, parts, K, std::move(launch), "rmsnorm_matmul_parts");
-  }
+  if (parts.size() >= 2 && launches.n == 1 && !any_half(launches))
+    return defer_products(h, T, parts, K, std::move(launch), QuantizedInput{}, "rmsnorm_matmul_parts");
   record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "rmsnorm_matmul_parts");
 }
 
