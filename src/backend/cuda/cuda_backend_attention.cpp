@@ -115,7 +115,7 @@ bool CudaBackend::record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tens
   const cuda::KvStoreArgs st = kv_store_args(k_rows, v, cache, slots);
   const bool norm = norms.q || norms.k;
   if (k.head_stride != k.head_dim || st.k_stride != k.token_stride) return false;
-  if (norm && (q.head_stride != q.head_dim || q.head_dim > 256)) return false;
+  if (norm && (q.head_stride != q.head_dim || q.head_dim > cuda::kMaxHeadNormDim)) return false;
   Sig sig(Op::KvStore);
   sig.t(q_heads).t(k_heads).t(v).t(positions).t(cache.k).t(cache.v).t(slots).v(norms.q).v(norms.k).v(norms.eps);
   hash_rope(sig, p, q);

@@ -12,12 +12,11 @@ constexpr int kRopeStoreThreads = 128;
 constexpr int kValuesPerPiece = 2 * kRopeStoreThreads;
 
 static_assert(kRopeStoreThreads / kWarpSize == kRopeHeadsPerBlock, "one warp per head for the head norms");
-constexpr int kMaxNormHeadDim = 256;
 
 // Per-head RMS norm in place, one warp per head of the block's heads (rmsnorm()'s formula):
 // x = x / rms(x) * weight over the head's head_dim values.
 __device__ void norm_heads(const RopeArgs& a, int64_t t, int64_t first_head, const float* weight, float eps) {
-  constexpr int kPerLane = kMaxNormHeadDim / kWarpSize;
+  constexpr int kPerLane = kMaxHeadNormDim / kWarpSize;
   const int64_t head = first_head + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (head >= a.n_heads) return;
@@ -103,9 +102,9 @@ Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, c
   if (k.head_stride != k.head_dim || st.k != k.x || st.k_stride != k.token_stride ||
       st.k_width != k.n_heads * k.head_dim || st.n_tokens != k.n_tokens || !st.slots || !st.v)
     return Status::invalid("rope_store: k must be packed heads, the same rows as the store's keys");
-  if ((norms.q || norms.k) && (q.head_dim > detail::kMaxNormHeadDim || q.head_stride != q.head_dim))
+  if ((norms.q || norms.k) && (q.head_dim > kMaxHeadNormDim || q.head_stride != q.head_dim))
     return Status::invalid("rope_store: head norms take packed heads of at most " +
-                           std::to_string(detail::kMaxNormHeadDim) + " values");
+                           std::to_string(kMaxHeadNormDim) + " values");
   if (st.cache_type != GgmlType::F32 && st.cache_type != GgmlType::F16)
     return Status::invalid("rope_store: cache type " + std::string(type_name(st.cache_type)) + " (f32 or f16)");
   const int64_t q_groups = (q.n_heads + detail::kRopeHeadsPerBlock - 1) / detail::kRopeHeadsPerBlock;

@@ -17,6 +17,7 @@ namespace kiln::cuda {
 // angles instead of computing them. With head norms (Qwen3's q/k norms: weights [head_dim],
 // head_dim <= 256, packed heads) each head is RMS-normalized in place first, as rmsnorm()
 // over heads as rows would (the sum of squares added in another order: ~1 ulp apart).
+constexpr int64_t kMaxHeadNormDim = 256;
 struct HeadNorms {
   const float* q = nullptr;  // [head_dim] or null: q heads not normalized
   const float* k = nullptr;
