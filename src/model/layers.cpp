@@ -45,16 +45,14 @@ Tensor attend(ForwardPass& p, int il, QkvScratch& t) {
   Tensor q_heads = t.q.reshape({hp.head_dim_k, hp.n_head, T});
   Tensor k_heads = t.k.reshape({hp.head_dim_k, hp.n_head_kv, T});
   // The q/k norms go with the rope into one op, unless a hook watches the normed heads.
-  const bool head_norms = !lw.q_norm.empty() || !lw.k_norm.empty();
-  if (head_norms && p.hook) {
-    if (!lw.q_norm.empty()) {
-      be.rmsnorm(q_heads, lw.q_norm, hp.rms_eps, q_heads);
-      p.observe(t.q, "Qcur_normed", il);
-    }
-    if (!lw.k_norm.empty()) {
-      be.rmsnorm(k_heads, lw.k_norm, hp.rms_eps, k_heads);
-      p.observe(t.k, "Kcur_normed", il);
-    }
+  const bool norms_with_rope = (!lw.q_norm.empty() || !lw.k_norm.empty()) && !p.hook;
+  if (!norms_with_rope && !lw.q_norm.empty()) {
+    be.rmsnorm(q_heads, lw.q_norm, hp.rms_eps, q_heads);
+    p.observe(t.q, "Qcur_normed", il);
+  }
+  if (!norms_with_rope && !lw.k_norm.empty()) {
+    be.rmsnorm(k_heads, lw.k_norm, hp.rms_eps, k_heads);
+    p.observe(t.k, "Kcur_normed", il);
   }
 
   RopeParams rope;
@@ -65,7 +63,7 @@ Tensor attend(ForwardPass& p, int il, QkvScratch& t) {
   rope.freq_factors = p.w.rope_freqs.empty() ? nullptr : &p.w.rope_freqs;
   rope.yarn = hp.yarn;
   KvLayer cache = p.cache.layer(il);
-  if (head_norms && !p.hook)
+  if (norms_with_rope)
     be.norm_rope_kv_store(q_heads, k_heads, t.v, lw.q_norm, lw.k_norm, hp.rms_eps, p.index.positions, rope, cache,
                           p.index.slots);
   else

@@ -246,7 +246,7 @@ __device__ void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* 
 
 // kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kFromF32: x arrives as f32
 // (`in`) and is quantized here; otherwise as quantize_q8's int8 copy (xqs, xds).
-// The pair epilogues (see PairEpilogue), run by the first lane of each of a task's two rows
+// The pair epilogue (see PairEpilogue), run by the first lane of each of a task's two rows
 // (16 lanes each): `v` is this row's value, bias added, `partner` the other row's; slot 0
 // holds the even row.
 __device__ __forceinline__ void rope_store_pair(const PairEpilogue& ep, int part, int local, int slot, float v,
