@@ -245,6 +245,10 @@ class Backend {
   // out[t] = sum_j weights[t][j] * FFN_{ids[t][j]}(x[t]). x, out f32 {D, T}.
   virtual void moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
                        const GluParams& act, Tensor& out);
+  // The same, then residual += out (the residual stream; distinct from x and out). A backend
+  // may add inside the experts' last kernel (CUDA decode does); the default runs moe_ffn, add.
+  virtual void moe_ffn_add(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
+                           const GluParams& act, Tensor& out, Tensor& residual);
   // out[t] = index of the largest element of row t. x f32 {N, T}; out I32 [T].
   virtual void argmax(const Tensor& x, Tensor& out);
 

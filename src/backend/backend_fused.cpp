@@ -30,6 +30,12 @@ void Backend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, c
   kv_store(k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]}), v, cache, slots);
 }
 
+void Backend::moe_ffn_add(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
+                          const GluParams& act, Tensor& out, Tensor& residual) {
+  moe_ffn(x, experts, ids, weights, act, out);
+  add(residual, out, residual);
+}
+
 void Backend::norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
                                  const Tensor& k_norm, float eps, const Tensor& positions, const RopeParams& params,
                                  KvLayer& cache, const Tensor& slots) {

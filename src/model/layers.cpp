@@ -116,7 +116,8 @@ Tensor build_ffn(ForwardPass& p, int il, const Tensor& x, const GluParams& act) 
   return out;
 }
 
-Tensor build_moe(ForwardPass& p, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act) {
+Tensor build_moe(ForwardPass& p, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act,
+                 Tensor* residual) {
   const LayerWeights& lw = p.w.layers[size_t(il)];
   Tensor router = p.scratch("ffn_moe_logits", lw.moe_router.ne[1], p.n_tokens);
   p.backend.matmul(x, lw.moe_router, lw.moe_router_b, router);
@@ -127,7 +128,10 @@ Tensor build_moe(ForwardPass& p, int il, const Tensor& x, const MoeRouteParams& 
   p.observe(weights, "ffn_moe_weights", il);
   ExpertWeights experts{lw.exp_gate, lw.exp_up, lw.exp_down, lw.exp_gate_b, lw.exp_up_b, lw.exp_down_b};
   Tensor out = p.scratch("ffn_moe_out", p.hp.n_embd, p.n_tokens);
-  p.backend.moe_ffn(x, experts, ids, weights, act, out);
+  if (residual)
+    p.backend.moe_ffn_add(x, experts, ids, weights, act, out, *residual);
+  else
+    p.backend.moe_ffn(x, experts, ids, weights, act, out);
   p.observe(out, "ffn_moe_out", il);
   return out;
 }
@@ -179,8 +183,7 @@ void build_prenorm_layers(ForwardPass& p, Tensor& x, const GluParams& act, const
     } else {
       be.rmsnorm(x, lw.ffn_norm, eps, cur);
       p.observe(cur, "ffn_norm", il);
-      const Tensor out = build_moe(p, il, cur, route, act);
-      be.add(x, out, x);
+      build_moe(p, il, cur, route, act, &x);
     }
     p.observe(x, "l_out", il);
   }

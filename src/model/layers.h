@@ -24,7 +24,10 @@ Tensor build_ffn(ForwardPass& pass, int il, const Tensor& x, const GluParams& ac
 
 // Routed experts: router logits, top-k choice, weighted sum of the experts' gated FFNs.
 // Returns {n_embd, T} ("ffn_moe_out").
-Tensor build_moe(ForwardPass& pass, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act);
+// Routed experts over x; with `residual`, also residual += the result (one op where the
+// backend can fold the add into the experts' kernels).
+Tensor build_moe(ForwardPass& pass, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act,
+                 Tensor* residual = nullptr);
 
 // The head: picks the rows whose logits are wanted, final norm, output projection,
 // final soft-capping when the model has it; writes pass.logits ("result_output").

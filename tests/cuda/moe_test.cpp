@@ -299,6 +299,37 @@ TEST_F(CudaMoe, BadExpertIdGivesNan) {
   }
 }
 
+// moe_ffn_add (the residual add inside the decode kernels where they run, a separate add
+// for the prefill GEMMs) against moe_ffn then add on the same backend: the product and the
+// residual bit for bit, exact and fast, at decode and prefill batch sizes.
+TEST_F(CudaMoe, FfnAddEqualsFfnThenAdd) {
+  const MoeCase c{GgmlType::Q8_0, GgmlType::Q8_0, 64, 160, 8, 2, false};
+  for (CudaBackend* be : {exact_.get(), fast_.get()}) {
+    for (const int64_t T : {1, 3, 64}) {
+      const Problem p = make_problem(rng_, c, T);
+      const std::string what = (be == exact_.get() ? "exact " : "fast ") + describe(c, T);
+      const std::vector<float> residual_host = random_floats(rng_, size_t(c.n_embd * T), -2.0f, 2.0f);
+      const GluParams act{Activation::Silu};
+      std::vector<float> out[2], residual[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        OnBackend on(*be, p);
+        Tensor res = on.put(*be, GgmlType::F32, {c.n_embd, T}, residual_host);
+        if (fused) {
+          be->moe_ffn_add(on.x, on.ex, on.ids, on.w, act, on.out, res);
+        } else {
+          be->moe_ffn(on.x, on.ex, on.ids, on.w, act, on.out);
+          be->add(res, on.out, res);
+        }
+        out[fused].resize(size_t(c.n_embd * T)), residual[fused].resize(out[fused].size());
+        be->download(on.out, out[fused].data(), out[fused].size() * sizeof(float));
+        be->download(res, residual[fused].data(), residual[fused].size() * sizeof(float));
+      }
+      EXPECT_TRUE(cuda::testing::all_equal_bits(out[1], out[0], "out " + what));
+      EXPECT_TRUE(cuda::testing::all_equal_bits(residual[1], residual[0], "residual " + what));
+    }
+  }
+}
+
 // A decode step recorded as a graph, replayed with new routing and activations, gives what
 // eager launches give (bit for bit: the same kernels on the same data).
 TEST_F(CudaMoe, GraphReplayEqualsEager) {

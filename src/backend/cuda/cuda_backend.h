@@ -88,6 +88,8 @@ class CudaBackend final : public Backend {
   void moe_route(const Tensor& logits, const MoeRouteParams& params, Tensor& ids, Tensor& weights) override;
   void moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
                const GluParams& act, Tensor& out) override;
+  void moe_ffn_add(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
+                   const GluParams& act, Tensor& out, Tensor& residual) override;
   void argmax(const Tensor& x, Tensor& out) override;
   void causal_conv_silu(const Tensor& x, const Tensor& weight, Tensor& state, const BatchIndex& batch,
                         Tensor& out) override;
@@ -162,6 +164,8 @@ class CudaBackend final : public Backend {
   void add_bias(const Tensor& bias, Tensor& out);
   // MoE (cuda_backend_moe.cpp): every expert on every token, for expert types the routed
   // kernels refuse (gate and up of different types).
+  bool record_moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
+                      const GluParams& act, Tensor& out, Tensor* residual);
   void moe_ffn_all_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
                            const GluParams& act, Tensor& out);
 

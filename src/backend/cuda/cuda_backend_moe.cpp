@@ -56,6 +56,18 @@ Tensor bias_of_expert(const Tensor& stacked, int64_t expert) {
 
 void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor& ids, const Tensor& weights,
                           const GluParams& act, Tensor& out) {
+  record_moe_ffn(x, ex, ids, weights, act, out, nullptr);
+}
+
+void CudaBackend::moe_ffn_add(const Tensor& x, const ExpertWeights& ex, const Tensor& ids, const Tensor& weights,
+                              const GluParams& act, Tensor& out, Tensor& residual) {
+  if (!record_moe_ffn(x, ex, ids, weights, act, out, &residual)) add(residual, out, residual);
+}
+
+// The routed experts' launches; with `residual`, the add folded into the decode kernels
+// where they run (true), else left to the caller (false).
+bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor& ids, const Tensor& weights,
+                                 const GluParams& act, Tensor& out, Tensor* residual) {
   require_moe_f32(x, "x");
   require_moe_f32(out, "out");
   require_moe_f32(weights, "weights");
@@ -70,8 +82,10 @@ void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor
                  weights.rows() == T && out.ne[0] == n_embd && out.rows() == T,
              "cuda moe_ffn: ids {} / weights {} / out {} do not fit {} tokens", ids.describe(), weights.describe(),
              out.describe(), T);
-  if (ex.gate.dtype != ex.up.dtype || !cuda::moe_supports(ex.gate.dtype, ex.down.dtype))
-    return moe_ffn_all_experts(x, ex, ids, weights, act, out);
+  if (ex.gate.dtype != ex.up.dtype || !cuda::moe_supports(ex.gate.dtype, ex.down.dtype)) {
+    moe_ffn_all_experts(x, ex, ids, weights, act, out);
+    return false;
+  }
 
   cuda::MoeFfnArgs a;
   a.gate = expert_matrix(ex.gate, ex.gate_bias, n_ff, n_expert, "gate");
@@ -90,6 +104,10 @@ void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor
   // f32 experts (test models) keep f32 products at every batch size, as the dense f32 path does.
   const bool f32_experts = ex.gate.dtype == GgmlType::F32 || ex.down.dtype == GgmlType::F32;
   const bool grouped = !exact && !f32_experts && T > kMoeMatvecMaxTokens && cuda::moe_gemm_fits(a);
+  const bool fold = residual && !grouped && residual->dtype == GgmlType::F32 && residual->device == Device::Cuda &&
+                    residual->ne[0] == n_embd && residual->rows() == T && residual->data != x.data &&
+                    residual->data != out.data;
+  if (fold) a.residual = residual->as<float>(), a.residual_stride = moe_row_stride(*residual, "residual");
   const size_t need = grouped ? cuda::moe_gemm_scratch_bytes(a) : cuda::moe_matvec_scratch_bytes(a, exact);
   void* sp = scratch(moe_scratch_, need);
   cuda::SignatureHash sig;
@@ -97,11 +115,12 @@ void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor
   for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &ex.gate, &ex.up, &ex.down, &ex.gate_bias, &ex.up_bias, &ex.down_bias, &ids, &weights, &out}) {
     sig.pod(t->dtype), sig.pod(t->data), sig.bytes(t->ne, sizeof(t->ne)), sig.bytes(t->nb, sizeof(t->nb));
   }
-  sig.pod(act.act), sig.pod(act.alpha), sig.pod(act.limit), sig.pod(sp), sig.pod(grouped);
+  sig.pod(act.act), sig.pod(act.alpha), sig.pod(act.limit), sig.pod(sp), sig.pod(grouped), sig.pod(a.residual);
   if (grouped)
     record(sig, T, [=](cudaStream_t s) { return cuda::moe_ffn_gemm(a, sp, need, s); }, "moe_ffn");
   else
     record(sig, T, [=](cudaStream_t s) { return cuda::moe_ffn_matvec(a, exact, sp, need, s); }, "moe_ffn");
+  return fold;
 }
 
 // Every expert runs on every token (dense), and the combine keeps each token's routed

@@ -408,6 +408,7 @@ size_t moe_gemm_scratch_bytes(const MoeFfnArgs& a) { return detail::plan_gemm_sc
 
 Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   using namespace detail;
+  if (a.residual) return Status::invalid("moe_ffn grouped GEMM: no residual add (moe_ffn_matvec takes one)");
   if (!moe_gemm_fits(a))
     return Status::invalid("moe_ffn grouped GEMM: n_embd " + std::to_string(a.n_embd) + " and n_ff " +
                            std::to_string(a.n_ff) + " must be multiples of 32, gate and up of one supported type (" +

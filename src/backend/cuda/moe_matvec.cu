@@ -215,7 +215,7 @@ struct DownSegments {
 };
 
 // Writes out[t][row0 + r] for the warp's rows: the slots' weighted biases added, NaN when a
-// slot's id is out of range.
+// slot's id is out of range; adds the same to the residual when there is one.
 template <int kRows>
 __device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int64_t row0, float (&acc)[kRows]) {
   const int lane = threadIdx.x % kWarpSize;
@@ -233,6 +233,7 @@ __device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int6
     sum += a.weights[t * a.weights_stride + j] * bias_at(a.down, e, row);
   }
   a.out[t * a.out_stride + row] = sum;
+  if (a.residual) a.residual[t * a.residual_stride + row] += sum;
 }
 
 // Grid (ceil(n_embd / (kMoeWarps * kRows)), tokens).
