@@ -60,6 +60,9 @@ Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scra
     return Status::invalid("decode_attention: cache rows must be 16-byte aligned (base and slot stride)");
   const detail::SplitPlan plan = detail::plan_splits(a);
   const size_t need = decode_attention_scratch_bytes(a);
+  if (a.out_q8 && (reinterpret_cast<uintptr_t>(a.out_q8) % 16 || a.out_q8_row_bytes % 16 ||
+                   (int64_t(a.n_head) * a.head_dim) % 32))
+    return Status::invalid("decode_attention: the int8 copy needs 16-byte aligned rows of a multiple of 32 values");
   if (need > 0 && (!scratch || scratch_bytes < need))
     return Status::invalid("decode_attention: needs " + std::to_string(need) + " bytes of scratch, got " +
                            std::to_string(scratch_bytes));

@@ -48,6 +48,11 @@ struct DecodeAttentionArgs {
   const float* sinks = nullptr;   // [n_head] or null
   float* out = nullptr;           // [n_seq][n_head * head_dim]
   int64_t out_stride = 0;
+  // Optional, used when the key range is split (scratch bytes > 0): the output's int8 copy
+  // for the next product, in quantize_q8's layout (q8_vector_in of out_q8 + s * row bytes),
+  // written by the kernel that merges the ranges. n_head * head_dim a multiple of 32.
+  uint8_t* out_q8 = nullptr;
+  int64_t out_q8_row_bytes = 0;
 };
 
 // Scratch bytes decode_attention() needs for these arguments (0 when no split is needed).

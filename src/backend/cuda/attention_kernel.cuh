@@ -224,7 +224,15 @@ __global__ void __launch_bounds__(D) combine_kernel(DecodeAttentionArgs a, int n
     denom += rec[1] * w;
     sum += rec[2 + d] * w;
   }
-  a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = sum / denom;
+  const float value = sum / denom;
+  a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = value;
+  if (a.out_q8) {  // a warp holds 32 consecutive outputs: one int8 block of the copy
+    const int64_t n = int64_t(a.n_head) * D, e = int64_t(head) * D + d;
+    uint8_t* row = a.out_q8 + int64_t(seq) * a.out_q8_row_bytes;
+    const float v[1] = {value};
+    quantize_block_spread<kWarpSize, 1>(v, reinterpret_cast<int8_t*>(row) + e,
+                                        reinterpret_cast<float2*>(row + (n + 15) / 16 * 16) + e / 32);
+  }
 }
 
 template <int D, typename KV, int kHeads>
