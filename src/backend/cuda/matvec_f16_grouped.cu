@@ -165,6 +165,14 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
 
   const float4* x4 = reinterpret_cast<const float4*>(x_s);
   for (int row = first_row; row < rows; row += warps_total) {
+    // The bias and residual this row's result joins, requested before its dot product so that
+    // their L2 round trips overlap it rather than follow the reduction.
+    const int part = seg.part_of(row);
+    const int local = row - seg.first_row(part);
+    const float* add = GroupedSegments::pick(seg.add, part);
+    float* residual = GroupedSegments::pick(seg.acc, part);
+    const float bias = add && lane == 0 ? add[local] : 0.0f;
+    const float residual_before = residual && lane == 0 ? residual[local] : 0.0f;
     float acc0 = 0.0f, acc1 = 0.0f;
     for (int chunk = 0; chunk < chunks; ++chunk) {
       if (row != first_row || chunk != 0) load_chunk(row, chunk);
@@ -183,12 +191,9 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
     }
     const float sum = warp_sum(acc0 + acc1);
     if (lane == 0) {
-      const int part = seg.part_of(row);
-      const int local = row - seg.first_row(part);
-      const float* add = GroupedSegments::pick(seg.add, part);
-      const float y = add ? sum + add[local] : sum;
+      const float y = add ? sum + bias : sum;
       GroupedSegments::pick(seg.y, part)[local] = y;
-      if (float* residual = GroupedSegments::pick(seg.acc, part)) residual[local] += y;
+      if (residual) residual[local] = residual_before + y;
     }
   }
 }
