@@ -1,33 +1,27 @@
 // MoE for a few tokens: indexed expert matvecs (see moe.h).
 //
-// Quantized weights, int8 activations (two launches):
-//   1. gate/up: every block first quantizes its token's x (f32) into int8 blocks of 32 in
-//      shared memory; a warp then owns output row r of pair p and walks gate row r and up
-//      row r of expert ids[p] together (they share the activation loads), and applies the
-//      GLU; h is written in f32;
-//   2. down: every block first quantizes its token's k rows of h the same way; a warp owns
-//      output row(s) r of token t and walks row r of each of its k experts in slot order,
-//      each slot's partial sums scaled by its routing weight: the sum over slots happens in
-//      registers, in a fixed order (deterministic, no atomics). With a residual, the sum is
-//      also added to it as each row is written.
-// Quantizing inside the matvecs (v3) replaced two launches of a quantize kernel (v2): a
-// kernel boundary in a chained decode graph costs ~2-3 us, re-reading x or h from L2 in each
-// block costs less. The int8 values are those the quantize kernel wrote (same formulas).
+// Quantized weights, int8 activations (four launches):
+//   1. x -> int8 blocks of 32 (one launch for all tokens);
+//   2. gate/up: a warp owns output row r of pair p and walks gate row r and up row r of
+//      expert ids[p] together (they share the activation loads), then applies the GLU;
+//   3. h -> int8 blocks of 32;
+//   4. down: a warp owns output row(s) r of token t and walks row r of each of its k
+//      experts in slot order, each slot's partial sums scaled by its routing weight: the
+//      sum over slots happens in registers, in a fixed order (deterministic, no atomics).
 // Weight rows go through shared memory as in matvec.cu (aligned 16-byte asynchronous
 // copies, a few chunks ahead; GGUF blocks are only byte-aligned), here with the chunks of
 // all of a warp's segments (pair rows) in one pipeline, so short rows (768 columns) still
 // keep several copies in flight.
 //
-// Both launches are chained (launch.cuh). The gate/up kernel follows the routing that wrote
-// the expert ids, so it waits before it reads them; it then lets the down kernel start,
-// which may therefore read the ids (two kernels back) and issue its first weight copies
-// before its own wait, and reads h only after.
+// The four launches are chained (launch.cuh): each quantize kernel waits for the kernel
+// before it and only then lets the next one start, so the matvec after it may read the expert
+// ids (written by the routing, two kernels back) and issue its first weight copies before its
+// own wait; the activations it reads only after.
 //
 // Plain weights, and every type in exact mode: the same two launches with f32 activations,
 // the weights decoded to f32 by the block formats' exact decode8 straight from global
 // memory (slower; the exact mode is for checking, plain weights are for tests).
 #include <string>
-#include <utility>
 
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe.h"
@@ -39,76 +33,26 @@ namespace detail {
 constexpr int kMoeWarps = 4;
 constexpr int kMoeThreads = kMoeWarps * kWarpSize;
 constexpr int kMoeStages = 4;
-// The int8 kernels' blocks are larger: each quantizes its activations itself, so fewer blocks
-// re-read them.
-constexpr int kMoeQ8Warps = 8;
-constexpr int kMoeQ8Threads = kMoeQ8Warps * kWarpSize;
 
-// ---- int8 activations ----------------------------------------------------------------------
+// ---- int8 activations --------------------------------------------------------------------
 
-// Where a block's int8 activations live in its shared memory: `rows` rows of n values
-// (n % 32 == 0) packed one after the other, then one (scale, scale * sum) pair per block of
-// 32, as matvec.h's Q8Vector.
-struct Q8Rows {
-  const int8_t* qs = nullptr;
-  int64_t pitch = 0;  // bytes between rows of qs
-  const float2* ds = nullptr;
-  int64_t blocks = 0;  // scale pairs per row
-};
-
-// Shared bytes for n int8 values with their scales.
-__host__ __device__ constexpr int64_t q8_shared_bytes(int64_t n) { return n + n / 32 * int64_t(sizeof(float2)); }
-
-// The whole block quantizes n consecutive floats (n % 32 == 0) into int8 blocks of 32 at qs
-// (n bytes) with their scales at ds: 8 lanes per block of 32 values, 4 values per lane, a
-// few loads issued before any arithmetic so that the block waits for L2 about once. The
-// values are those of a warp per block (amax / 127, round to nearest), as the separate quantize
-// kernel of decode v2b wrote them.
-// `vec4`: src is 16-byte aligned (float4 loads).
-template <int kThreads>
-__device__ __forceinline__ void quantize_to_shared(const float* __restrict__ src, int64_t n, bool vec4, int8_t* qs,
-                                                   float2* ds) {
-  constexpr int kSteps = 4;
-  constexpr int64_t kPerRound = int64_t(kSteps) * kThreads * 4;
-  const int tid = threadIdx.x;
-  // The 8 lanes of this thread's block of 32 (whole groups leave loops together: n % 32 == 0).
-  const unsigned group_mask = 0xFFu << (tid & 24);
-  for (int64_t base = 0; base < n; base += kPerRound) {
-    float v[kSteps][4];
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      const int64_t i = base + (int64_t(s) * kThreads + tid) * 4;
-      if (i >= n) break;
-      if (vec4) {
-        const float4 f = *reinterpret_cast<const float4*>(src + i);
-        v[s][0] = f.x, v[s][1] = f.y, v[s][2] = f.z, v[s][3] = f.w;
-      } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[s][k] = src[i + k];
-      }
-    }
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s) {
-      const int64_t i = base + (int64_t(s) * kThreads + tid) * 4;
-      if (i >= n) break;
-      float amax = fmaxf(fmaxf(fabsf(v[s][0]), fabsf(v[s][1])), fmaxf(fabsf(v[s][2]), fabsf(v[s][3])));
-#pragma unroll
-      for (int off = 4; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(group_mask, amax, off));
-      const float d = amax / 127.0f;
-      int q[4], sum = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        q[k] = d == 0.0f ? 0 : int(roundf(v[s][k] / d));
-        sum += q[k];
-      }
-#pragma unroll
-      for (int off = 4; off > 0; off >>= 1) sum += __shfl_xor_sync(group_mask, sum, off);
-      const uint32_t packed = (uint32_t(q[0]) & 0xFFu) | ((uint32_t(q[1]) & 0xFFu) << 8) |
-                              ((uint32_t(q[2]) & 0xFFu) << 16) | (uint32_t(q[3]) << 24);
-      *reinterpret_cast<uint32_t*>(qs + i) = packed;
-      if ((tid & 7) == 0) ds[i / 32] = make_float2(d, d * float(sum));
-    }
-  }
+// Rows of n floats (n % 32 == 0) -> int8 blocks of 32 with (scale, scale * sum) per block,
+// as matvec.h's Q8Vector: row i's values at qs + i * qs_pitch, its scales at ds + i * n / 32.
+__global__ void moe_quantize_rows_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n,
+                                         int8_t* __restrict__ qs, int64_t qs_pitch, float2* __restrict__ ds) {
+  // Waits before it lets the next kernel start: the matvec after it reads expert ids (two
+  // kernels back) before its own wait.
+  begin_chained_kernel();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = blockIdx.y;
+  if (i >= n) return;  // whole warps leave together
+  const float v = x[row * x_stride + i];
+  const float amax = warp_max(fabsf(v));
+  const float d = amax / 127.0f;
+  const int q = d == 0.0f ? 0 : int(roundf(v / d));
+  qs[row * qs_pitch + i] = int8_t(q);
+  const int sum = warp_sum_int(q);
+  if ((threadIdx.x & 31) == 0) ds[row * (n / 32) + i / 32] = make_float2(d, d * float(sum));
 }
 
 // ---- the pipelined dot product over segments ----------------------------------------------
@@ -127,11 +71,9 @@ struct ChunkShape {
 //   acc[r] += sum_s factor(s) * (row(s, r) . x(s))   (per-lane partial sums)
 // `stage` is this warp's [kMoeStages][kRows][kStageBytes] shared buffer.
 //
-// `ready()` runs once the first chunks' copies are issued and before any activation is read;
-// every warp of the block calls it (n_segs may be 0): it fills the block's int8 activations
-// in shared memory and ends with a block barrier. The down kernel waits there for the
-// kernel before it (the expert ids it reads for the weight addresses were written two
-// kernels back; see the top).
+// `ready()` runs once the first chunks' copies are issued and before any activation is read:
+// a chained kernel waits there for the kernel before it (the expert ids it reads for the
+// weight addresses were written two kernels back; see moe_ffn_matvec).
 template <typename Fmt, int kRows, typename Segments, typename Ready>
 __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs, int64_t n_slices, uint8_t* stage,
                                                 float (&acc)[kRows], Ready&& ready) {
@@ -171,11 +113,11 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
     int x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     float2 ds = make_float2(0.0f, 0.0f);
     if (active) {
-      // In shared memory, written by the whole block in ready().
       const int4* xv = reinterpret_cast<const int4*>(segs.xqs(seg) + 32 * slice);
-      const int4 a = xv[0], b = xv[1];
+      // Written by the kernel before, read after ready()'s wait (as matvec.cu does).
+      const int4 a = __ldg(xv), b = __ldg(xv + 1);
       x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-      ds = segs.xds(seg)[slice];
+      ds = __ldg(segs.xds(seg) + slice);
     }
     cp_async_wait<kMoeStages - 1>();  // chunk k has landed (this lane's copies)
     __syncwarp();                     // ... and every lane's
@@ -217,6 +159,14 @@ __device__ __forceinline__ float bias_at(const ExpertMatrix& m, int expert, int6
   return m.bias && expert >= 0 ? m.bias[int64_t(expert) * m.bias_stride + row] : 0.0f;
 }
 
+// Where the int8 copies live (see moe_matvec_scratch_bytes).
+struct Q8Rows {
+  const int8_t* qs = nullptr;
+  int64_t pitch = 0;  // bytes between rows of qs
+  const float2* ds = nullptr;
+  int64_t blocks = 0;  // scale pairs per row
+};
+
 // ---- gate / up + GLU ---------------------------------------------------------------------
 
 struct GateUpSegments {
@@ -230,33 +180,19 @@ struct GateUpSegments {
   __device__ float factor(int) const { return 1.0f; }
 };
 
-// Dynamic shared memory of the int8 kernels: each warp's weight stages, then the block's
-// int8 activations (q8_shared_bytes).
-template <typename Fmt, int kRows>
-constexpr int64_t stage_bytes_per_warp() { return int64_t(kMoeStages) * kRows * ChunkShape<Fmt>::kStageBytes; }
-
-// Grid (ceil(n_ff / kMoeQ8Warps), pairs); warp w of block x owns row x * kMoeQ8Warps + w.
+// Grid (ceil(n_ff / kMoeWarps), pairs); warp w of block x owns row x * kMoeWarps + w.
 template <typename Fmt>
-__global__ void __launch_bounds__(kMoeQ8Threads) moe_gate_up_q8_kernel(MoeFfnArgs a, bool x_vec4, float* h) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int64_t kStage = stage_bytes_per_warp<Fmt, 2>();
-  int8_t* x_qs = reinterpret_cast<int8_t*>(smem + kMoeQ8Warps * kStage);
-  float2* x_ds = reinterpret_cast<float2*>(x_qs + a.n_embd);
+__global__ void __launch_bounds__(kMoeThreads) moe_gate_up_q8_kernel(MoeFfnArgs a, Q8Rows xq, float* h) {
+  using S = ChunkShape<Fmt>;
+  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * 2 * S::kStageBytes];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int64_t r = int64_t(blockIdx.x) * kMoeQ8Warps + warp;
+  const int64_t r = int64_t(blockIdx.x) * kMoeWarps + warp;
   const int64_t p = blockIdx.y, t = p / a.n_used, j = p % a.n_used;
-  const bool owns_row = r < a.n_ff;  // every warp still takes part in the block's quantization
-  // The routing that wrote the ids may be the kernel just before: wait before reading them.
-  begin_chained_kernel();
+  if (r >= a.n_ff) return;  // no block-wide barriers below
   const int e = expert_of(a, t, j);
-  GateUpSegments segs{expert_row(a.gate, e, min64(r, a.n_ff - 1)), expert_row(a.up, e, min64(r, a.n_ff - 1)), x_qs,
-                      x_ds};
+  GateUpSegments segs{expert_row(a.gate, e, r), expert_row(a.up, e, r), xq.qs + t * xq.pitch, xq.ds + t * xq.blocks};
   float acc[2] = {0.0f, 0.0f};
-  segments_dot_q8<Fmt, 2>(segs, owns_row ? 1 : 0, a.n_embd / 32, smem + warp * kStage, acc, [&] {
-    quantize_to_shared<kMoeQ8Threads>(a.x + t * a.x_stride, a.n_embd, x_vec4, x_qs, x_ds);
-    __syncthreads();
-  });
-  if (!owns_row) return;
+  segments_dot_q8<Fmt, 2>(segs, 1, a.n_embd / 32, stage[warp], acc, [] { begin_chained_kernel(); });
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
   if (lane == 0)
     h[p * a.n_ff + r] = e < 0 ? moe_nan()
@@ -273,8 +209,8 @@ struct DownSegments {
   __device__ const uint8_t* row(int j, int r) const {
     return expert_row(a->down, expert_of(*a, t, j), min64(row0 + r, a->n_embd - 1));
   }
-  __device__ const int8_t* xqs(int j) const { return hq.qs + j * hq.pitch; }  // the token's rows only
-  __device__ const float2* xds(int j) const { return hq.ds + j * hq.blocks; }
+  __device__ const int8_t* xqs(int j) const { return hq.qs + (t * a->n_used + j) * hq.pitch; }
+  __device__ const float2* xds(int j) const { return hq.ds + (t * a->n_used + j) * hq.blocks; }
   __device__ float factor(int j) const { return a->weights[t * a->weights_stride + j]; }
 };
 
@@ -300,28 +236,21 @@ __device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int6
   if (a.residual) a.residual[t * a.residual_stride + row] += sum;
 }
 
-// Grid (ceil(n_embd / (kMoeQ8Warps * kRows)), tokens); h is [pairs][n_ff] f32.
+// Grid (ceil(n_embd / (kMoeWarps * kRows)), tokens).
 template <typename Fmt, int kRows>
-__global__ void __launch_bounds__(kMoeQ8Threads) moe_down_q8_kernel(MoeFfnArgs a, const float* h) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int64_t kStage = stage_bytes_per_warp<Fmt, kRows>();
-  const int64_t n_h = a.n_used * a.n_ff;  // this token's rows of h, back to back
-  int8_t* h_qs = reinterpret_cast<int8_t*>(smem + kMoeQ8Warps * kStage);
-  float2* h_ds = reinterpret_cast<float2*>(h_qs + n_h);
+__global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, Q8Rows hq) {
+  using S = ChunkShape<Fmt>;
+  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * kRows * S::kStageBytes];
   const int warp = threadIdx.x / kWarpSize;
-  const int64_t row0 = (int64_t(blockIdx.x) * kMoeQ8Warps + warp) * kRows;
+  const int64_t row0 = (int64_t(blockIdx.x) * kMoeWarps + warp) * kRows;
   const int64_t t = blockIdx.y;
-  const bool owns_rows = row0 < a.n_embd;
-  DownSegments<kRows> segs{&a, t, row0, Q8Rows{h_qs, a.n_ff, h_ds, a.n_ff / 32}};
+  if (row0 >= a.n_embd) return;
+  DownSegments<kRows> segs{&a, t, row0, hq};
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  segments_dot_q8<Fmt, kRows>(segs, owns_rows ? int(a.n_used) : 0, a.n_ff / 32, smem + warp * kStage, acc, [&] {
-    begin_chained_kernel();  // h is the kernel before's
-    quantize_to_shared<kMoeQ8Threads>(h + t * n_h, n_h, true, h_qs, h_ds);
-    __syncthreads();
-  });
-  if (owns_rows) finish_down<kRows>(a, t, row0, acc);
+  segments_dot_q8<Fmt, kRows>(segs, int(a.n_used), a.n_ff / 32, stage[warp], acc, [] { begin_chained_kernel(); });
+  finish_down<kRows>(a, t, row0, acc);
 }
 
 // ---- f32 activations (plain weights; exact mode) ------------------------------------------
@@ -376,37 +305,50 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_f32_kernel(MoeFfnArgs a,
 
 // ---- host side -------------------------------------------------------------------------------
 
-constexpr size_t kAlignBytes = 256;  // of the scratch (h: [pairs][n_ff] f32)
+constexpr size_t kAlignBytes = 256;
+size_t align_up(size_t v) { return (v + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+int64_t q8_pitch(int64_t n) { return (n + 15) / 16 * 16; }
 
-size_t h_bytes(const MoeFfnArgs& a) { return size_t(a.n_tokens * a.n_used * a.n_ff) * sizeof(float); }
+// The scratch regions, in order: x int8 (+ scales), h f32, h int8 (+ scales).
+struct MatvecScratch {
+  size_t xq = 0, xd = 0, h = 0, hq = 0, hd = 0, total = 0;
+};
+
+MatvecScratch plan_scratch(const MoeFfnArgs& a, bool q8_gate_up, bool q8_down) {
+  MatvecScratch s;
+  const int64_t P = a.n_tokens * a.n_used;
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t start = at;
+    at += align_up(bytes);
+    return start;
+  };
+  if (q8_gate_up) {
+    s.xq = take(size_t(a.n_tokens * q8_pitch(a.n_embd)));
+    s.xd = take(size_t(a.n_tokens * (a.n_embd / 32)) * sizeof(float2));
+  }
+  s.h = take(size_t(P * a.n_ff) * sizeof(float));
+  if (q8_down) {
+    s.hq = take(size_t(P * q8_pitch(a.n_ff)));
+    s.hd = take(size_t(P * (a.n_ff / 32)) * sizeof(float2));
+  }
+  s.total = at;
+  return s;
+}
 
 Status chained_status(cudaError_t e, const char* kernel) {
   return e != cudaSuccess ? Status::from_cuda(e, kernel) : launch_status(kernel);
 }
 
-// Launches an int8 kernel with `shared` bytes of dynamic shared memory, raising the kernel's
-// limit above the default 48 KB where needed (a function attribute, not a stream operation:
-// allowed while a graph is captured).
-template <typename... Params, typename... Args>
-Status launch_q8(void (*kernel)(Params...), const char* name, dim3 grid, int64_t shared, cudaStream_t stream,
-                 Args&&... args) {
-  constexpr int64_t kDefaultLimit = 48 * 1024;
-  if (shared > kDefaultLimit) {
-    int device = 0, most = 0;
-    if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return Status::from_cuda(e, name);
-    if (cudaError_t e = cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-        e != cudaSuccess)
-      return Status::from_cuda(e, name);
-    if (shared > most)
-      return Status::invalid(std::string(name) + ": needs " + std::to_string(shared) +
-                             " bytes of shared memory per block (weight stages and int8 activations), the device " +
-                             "has " + std::to_string(most));
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
-        e != cudaSuccess)
-      return Status::from_cuda(e, name);
-  }
-  return chained_status(
-      launch_chained(kernel, grid, dim3(kMoeQ8Threads), size_t(shared), stream, std::forward<Args>(args)...), name);
+Status quantize_rows(const float* x, int64_t stride, int64_t n, int64_t rows, int8_t* qs, float2* ds,
+                     cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const dim3 grid(unsigned((n + kThreads - 1) / kThreads), unsigned(rows));
+  if (cudaError_t e = launch_chained(moe_quantize_rows_kernel, grid, dim3(kThreads), 0, stream, x, stride, n, qs,
+                                     q8_pitch(n), ds);
+      e != cudaSuccess)
+    return Status::from_cuda(e, "moe_quantize_rows_kernel");
+  return launch_status("moe_quantize_rows_kernel");
 }
 
 }  // namespace detail
@@ -416,7 +358,11 @@ bool moe_supports(GgmlType gate_up, GgmlType down) {
   return known(gate_up) && known(down);
 }
 
-size_t moe_matvec_scratch_bytes(const MoeFfnArgs& a, bool) { return detail::h_bytes(a); }
+size_t moe_matvec_scratch_bytes(const MoeFfnArgs& a, bool exact) {
+  const bool q8_gate_up = !exact && !detail::is_plain_type(a.gate.type);
+  const bool q8_down = !exact && !detail::is_plain_type(a.down.type);
+  return detail::plan_scratch(a, q8_gate_up, q8_down).total;
+}
 
 Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   using namespace detail;
@@ -430,27 +376,32 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
                            " slots is outside 1..65535 pairs for the indexed matvecs");
   const bool q8_gate_up = !exact && !is_plain_type(a.gate.type);
   const bool q8_down = !exact && !is_plain_type(a.down.type);
-  const size_t need = h_bytes(a);
-  if (!scratch || scratch_bytes < need || reinterpret_cast<uintptr_t>(scratch) % kAlignBytes != 0)
-    return Status::invalid("moe_ffn: needs " + std::to_string(need) + " bytes of 256-byte aligned scratch, got " +
+  const MatvecScratch s = plan_scratch(a, q8_gate_up, q8_down);
+  if (!scratch || scratch_bytes < s.total || reinterpret_cast<uintptr_t>(scratch) % kAlignBytes != 0)
+    return Status::invalid("moe_ffn: needs " + std::to_string(s.total) + " bytes of 256-byte aligned scratch, got " +
                            std::to_string(scratch_bytes));
-  float* h = static_cast<float*>(scratch);
+  auto* base = static_cast<uint8_t*>(scratch);
+  float* h = reinterpret_cast<float*>(base + s.h);
   const int64_t P = a.n_tokens * a.n_used;
   Status status;
 
   // gate / up + GLU -> h
+  const dim3 gate_up_grid(unsigned((a.n_ff + kMoeWarps - 1) / kMoeWarps), unsigned(P));
   if (q8_gate_up) {
-    const dim3 grid(unsigned((a.n_ff + kMoeQ8Warps - 1) / kMoeQ8Warps), unsigned(P));
-    const bool x_vec4 = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
+    Q8Rows xq{reinterpret_cast<int8_t*>(base + s.xq), q8_pitch(a.n_embd), reinterpret_cast<float2*>(base + s.xd),
+              a.n_embd / 32};
+    if (Status st = quantize_rows(a.x, a.x_stride, a.n_embd, a.n_tokens, const_cast<int8_t*>(xq.qs),
+                                  const_cast<float2*>(xq.ds), stream);
+        !st.ok())
+      return st;
     visit_quant_format(a.gate.type, [&](auto fmt) {
-      using Fmt = decltype(fmt);
-      const int64_t shared = kMoeQ8Warps * stage_bytes_per_warp<Fmt, 2>() + q8_shared_bytes(a.n_embd);
-      status = launch_q8(moe_gate_up_q8_kernel<Fmt>, "moe_gate_up_q8_kernel", grid, shared, stream, a, x_vec4, h);
+      status = chained_status(
+          launch_chained(moe_gate_up_q8_kernel<decltype(fmt)>, gate_up_grid, dim3(kMoeThreads), 0, stream, a, xq, h),
+          "moe_gate_up_q8_kernel");
     });
   } else {
-    const dim3 grid(unsigned((a.n_ff + kMoeWarps - 1) / kMoeWarps), unsigned(P));
     visit_moe_format(a.gate.type, [&](auto fmt) {
-      moe_gate_up_f32_kernel<decltype(fmt)><<<grid, kMoeThreads, 0, stream>>>(a, h);
+      moe_gate_up_f32_kernel<decltype(fmt)><<<gate_up_grid, kMoeThreads, 0, stream>>>(a, h);
       status = launch_status("moe_gate_up_f32_kernel");
     });
   }
@@ -458,17 +409,21 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
 
   // down, weighted and summed over the slots -> out
   if (q8_down) {
+    Q8Rows hq{reinterpret_cast<int8_t*>(base + s.hq), q8_pitch(a.n_ff), reinterpret_cast<float2*>(base + s.hd),
+              a.n_ff / 32};
+    if (Status st = quantize_rows(h, a.n_ff, a.n_ff, P, const_cast<int8_t*>(hq.qs), const_cast<float2*>(hq.ds),
+                                  stream);
+        !st.ok())
+      return st;
     // One row per warp gives more warps (more copies in flight) while the grid is small.
     const bool two_rows = a.n_tokens * a.n_embd >= 16384;
-    const int rows_per_block = kMoeQ8Warps * (two_rows ? 2 : 1);
+    const int rows_per_block = kMoeWarps * (two_rows ? 2 : 1);
     const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
-    const int64_t h_shared = q8_shared_bytes(a.n_used * a.n_ff);
     visit_quant_format(a.down.type, [&](auto fmt) {
-      using Fmt = decltype(fmt);
-      status = two_rows ? launch_q8(moe_down_q8_kernel<Fmt, 2>, "moe_down_q8_kernel", grid,
-                                    kMoeQ8Warps * stage_bytes_per_warp<Fmt, 2>() + h_shared, stream, a, h)
-                        : launch_q8(moe_down_q8_kernel<Fmt, 1>, "moe_down_q8_kernel", grid,
-                                    kMoeQ8Warps * stage_bytes_per_warp<Fmt, 1>() + h_shared, stream, a, h);
+      const cudaError_t e =
+          two_rows ? launch_chained(moe_down_q8_kernel<decltype(fmt), 2>, grid, dim3(kMoeThreads), 0, stream, a, hq)
+                   : launch_chained(moe_down_q8_kernel<decltype(fmt), 1>, grid, dim3(kMoeThreads), 0, stream, a, hq);
+      status = chained_status(e, "moe_down_q8_kernel");
     });
   } else {
     const dim3 grid(unsigned((a.n_embd + kMoeWarps - 1) / kMoeWarps), unsigned(a.n_tokens));
