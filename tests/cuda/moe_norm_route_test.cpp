@@ -2,8 +2,8 @@
 // logits, routing in one launch) against a double-precision reference written here, at model
 // sizes (2048 wide, 128 experts top 8; 2880 wide, 32 experts top 4 with a router bias) and
 // awkward ones (5 and 300 experts, widths 68 and 4100: past the columns the kernel holds in
-// registers), 1 to 8 tokens, rows not packed. Each case runs three times: the per-token
-// tickets must come back to zero, or the second run would route nothing. Near-ties: a pick
+// registers), 1 to 8 tokens, rows not packed (16-byte aligned). Each case runs three times:
+// the per-token tickets must come back to zero, or the second run would route nothing. Near-ties: a pick
 // that differs from the reference only between two choices within 1e-4 (float logits
 // against double) is accepted, at most one per case. Skips without a GPU.
 #include <gtest/gtest.h>
@@ -102,7 +102,8 @@ TEST(CudaMoeNormRoute, MatchesDoubleReference) {
                              std::to_string(c.n_expert) + " used " + std::to_string(c.n_used) + " gating " +
                              std::to_string(c.gating) + " T " + std::to_string(c.T);
     const int64_t D = c.n_embd, E = c.n_expert, K = c.n_used;
-    const int64_t x_stride = D + 3, normed_stride = D + 5, r_stride = D + 4, logits_stride = E + 1;
+    // Rows not packed (the kernel takes rows of 16-byte aligned starts).
+    const int64_t x_stride = D + 4, normed_stride = D + 8, r_stride = D + 4, logits_stride = E + 1;
     const std::vector<float> x = random_floats(rng, size_t(c.T * x_stride), -2.0f, 2.0f);
     const std::vector<float> nw = random_floats(rng, size_t(D), 0.5f, 1.5f);
     const std::vector<float> router = random_floats(rng, size_t(E * r_stride), -0.1f, 0.1f);
@@ -193,6 +194,8 @@ TEST(CudaMoeNormRoute, RefusesWhatItCannotTake) {
   EXPECT_FALSE(moe_norm_route(a, nullptr).ok()) << "33 used";
   a.route.n_used = 8, a.router_stride = 2050;  // rows not 16-byte aligned
   EXPECT_FALSE(moe_norm_route(a, nullptr).ok()) << "router stride";
+  a.router_stride = 2048, a.x_stride = 2049;
+  EXPECT_FALSE(moe_norm_route(a, nullptr).ok()) << "x stride";
 }
 
 }  // namespace
