@@ -242,6 +242,12 @@ class Backend {
   virtual void softcap(const Tensor& x, float cap, Tensor& out);
   // Picks experts: logits f32 {E, T} -> ids I32 {k, T}, weights f32 {k, T}.
   virtual void moe_route(const Tensor& logits, const MoeRouteParams& params, Tensor& ids, Tensor& weights);
+  // A MoE layer's front: normed = rmsnorm(x) * norm_weight, logits = router · normed (+ bias,
+  // router {D, E}), then moe_route. The default runs rmsnorm, matmul, moe_route; a backend
+  // may run them as one kernel (CUDA decode does). normed must not alias x.
+  virtual void rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
+                                 const Tensor& router, const Tensor& router_bias, const MoeRouteParams& params,
+                                 Tensor& logits, Tensor& ids, Tensor& weights);
   // out[t] = sum_j weights[t][j] * FFN_{ids[t][j]}(x[t]). x, out f32 {D, T}.
   virtual void moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
                        const GluParams& act, Tensor& out);

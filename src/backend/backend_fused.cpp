@@ -36,6 +36,14 @@ void Backend::moe_ffn_add(const Tensor& x, const ExpertWeights& experts, const T
   add(residual, out, residual);
 }
 
+void Backend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
+                                const Tensor& router, const Tensor& router_bias, const MoeRouteParams& params,
+                                Tensor& logits, Tensor& ids, Tensor& weights) {
+  rmsnorm(x, norm_weight, eps, normed);
+  matmul(normed, router, router_bias, logits);
+  moe_route(logits, params, ids, weights);
+}
+
 void Backend::norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
                                  const Tensor& k_norm, float eps, const Tensor& positions, const RopeParams& params,
                                  KvLayer& cache, const Tensor& slots) {

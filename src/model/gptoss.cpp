@@ -66,8 +66,7 @@ void forward(ForwardPass& p) {
     Tensor attn = build_attention(p, il, cur);  // biases, sinks and the window come from the weights and hparams
     p.backend.add_rmsnorm(attn, x, lw.ffn_norm, hp.rms_eps, cur);  // x += attn; cur = norm(x)
     p.observe(cur, "attn_post_norm", il);
-    Tensor ffn = build_moe(p, il, cur, route, swiglu);
-    p.backend.add(x, ffn, x);
+    build_moe(p, il, cur, route, swiglu, &x);  // x += experts(cur)
     p.observe(x, "l_out", il);
   }
   build_output(p, x);

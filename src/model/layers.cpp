@@ -116,6 +116,24 @@ Tensor build_ffn(ForwardPass& p, int il, const Tensor& x, const GluParams& act) 
   return out;
 }
 
+namespace {
+
+// The routed experts over x with ids and weights chosen (see build_moe).
+Tensor run_experts(ForwardPass& p, int il, const Tensor& x, const Tensor& ids, const Tensor& weights,
+                   const GluParams& act, Tensor* residual) {
+  const LayerWeights& lw = p.w.layers[size_t(il)];
+  ExpertWeights experts{lw.exp_gate, lw.exp_up, lw.exp_down, lw.exp_gate_b, lw.exp_up_b, lw.exp_down_b};
+  Tensor out = p.scratch("ffn_moe_out", p.hp.n_embd, p.n_tokens);
+  if (residual)
+    p.backend.moe_ffn_add(x, experts, ids, weights, act, out, *residual);
+  else
+    p.backend.moe_ffn(x, experts, ids, weights, act, out);
+  p.observe(out, "ffn_moe_out", il);
+  return out;
+}
+
+}  // namespace
+
 Tensor build_moe(ForwardPass& p, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act,
                  Tensor* residual) {
   const LayerWeights& lw = p.w.layers[size_t(il)];
@@ -126,14 +144,21 @@ Tensor build_moe(ForwardPass& p, int il, const Tensor& x, const MoeRouteParams& 
   Tensor weights = p.scratch("ffn_moe_weights", route.n_used, p.n_tokens);
   p.backend.moe_route(router, route, ids, weights);
   p.observe(weights, "ffn_moe_weights", il);
-  ExpertWeights experts{lw.exp_gate, lw.exp_up, lw.exp_down, lw.exp_gate_b, lw.exp_up_b, lw.exp_down_b};
-  Tensor out = p.scratch("ffn_moe_out", p.hp.n_embd, p.n_tokens);
-  if (residual)
-    p.backend.moe_ffn_add(x, experts, ids, weights, act, out, *residual);
-  else
-    p.backend.moe_ffn(x, experts, ids, weights, act, out);
-  p.observe(out, "ffn_moe_out", il);
-  return out;
+  return run_experts(p, il, x, ids, weights, act, residual);
+}
+
+Tensor build_norm_moe(ForwardPass& p, int il, const Tensor& x, Tensor& normed, const MoeRouteParams& route,
+                      const GluParams& act, Tensor* residual) {
+  const LayerWeights& lw = p.w.layers[size_t(il)];
+  Tensor router = p.scratch("ffn_moe_logits", lw.moe_router.ne[1], p.n_tokens);
+  Tensor ids = p.scratch("ffn_moe_ids", route.n_used, p.n_tokens, GgmlType::I32);
+  Tensor weights = p.scratch("ffn_moe_weights", route.n_used, p.n_tokens);
+  p.backend.rmsnorm_moe_route(x, lw.ffn_norm, p.hp.rms_eps, normed, lw.moe_router, lw.moe_router_b, route, router, ids,
+                              weights);
+  p.observe(normed, "ffn_norm", il);
+  p.observe(router, "ffn_moe_logits", il);
+  p.observe(weights, "ffn_moe_weights", il);
+  return run_experts(p, il, normed, ids, weights, act, residual);
 }
 
 void build_output(ForwardPass& p, const Tensor& x) {
@@ -181,9 +206,7 @@ void build_prenorm_layers(ForwardPass& p, Tensor& x, const GluParams& act, const
       be.matmul_add(gate, lw.ffn_down, lw.ffn_down_b, out, x);
       p.observe(out, "ffn_out", il);
     } else {
-      be.rmsnorm(x, lw.ffn_norm, eps, cur);
-      p.observe(cur, "ffn_norm", il);
-      build_moe(p, il, cur, route, act, &x);
+      build_norm_moe(p, il, x, cur, route, act, &x);
     }
     p.observe(x, "l_out", il);
   }

@@ -28,6 +28,10 @@ Tensor build_ffn(ForwardPass& pass, int il, const Tensor& x, const GluParams& ac
 // backend can fold the add into the experts' kernels).
 Tensor build_moe(ForwardPass& pass, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act,
                  Tensor* residual = nullptr);
+// The same over normed = rmsnorm(x) * ffn_norm ("ffn_norm"), the norm and the routing as one
+// op (rmsnorm_moe_route) so that a backend can run them as one kernel.
+Tensor build_norm_moe(ForwardPass& pass, int il, const Tensor& x, Tensor& normed, const MoeRouteParams& route,
+                      const GluParams& act, Tensor* residual = nullptr);
 
 // The head: picks the rows whose logits are wanted, final norm, output projection,
 // final soft-capping when the model has it; writes pass.logits ("result_output").

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
@@ -326,6 +327,94 @@ TEST_F(CudaMoe, FfnAddEqualsFfnThenAdd) {
       }
       EXPECT_TRUE(cuda::testing::all_equal_bits(out[1], out[0], "out " + what));
       EXPECT_TRUE(cuda::testing::all_equal_bits(residual[1], residual[0], "residual " + what));
+    }
+  }
+}
+
+// rmsnorm_moe_route (one kernel in fast decode) against the CPU backend's composed default
+// (rmsnorm, matmul, moe_route) on the same data: normed and logits within f32 rounding,
+// the same experts (a near-tie within 1e-4 of the CPU's choice is accepted, at most one),
+// weights within 1e-4 relative. Run in a graph: the second step replays the first's
+// capture with new activations (the kernel's tickets must be back at zero).
+TEST_F(CudaMoe, NormRouteMatchesComposed) {
+  struct FrontCase {
+    int64_t D, E;
+    int K;
+    MoeGating gating;
+    bool bias;
+  };
+  for (const FrontCase& c : {FrontCase{2048, 128, 8, MoeGating::Softmax, false},
+                             FrontCase{64, 32, 4, MoeGating::SoftmaxTopK, true}}) {
+    CudaOptions graphed;
+    graphed.graphs = true;
+    CudaBackend g(graphed);
+    const MoeRouteParams route{c.K, c.gating, c.gating == MoeGating::Softmax, 1.0f};
+    const float eps = 1e-6f;
+    for (const int64_t T : {int64_t(1), int64_t(5)}) {
+      const std::vector<float> nw = random_floats(rng_, size_t(c.D), 0.5f, 1.5f);
+      const std::vector<float> router = random_floats(rng_, size_t(c.D * c.E), -0.1f, 0.1f);
+      const std::vector<float> rb = random_floats(rng_, size_t(c.E), -0.5f, 0.5f);
+      struct Front {
+        Tensor x, nw, normed, router, rb, logits, ids, w;
+      };
+      std::vector<std::unique_ptr<Buffer>> held;
+      auto make = [&](Backend& be) {
+        auto put = [&](GgmlType type, std::initializer_list<int64_t> shape, const auto& data) {
+          held.push_back(be.allocate(data.size() * 4));
+          Tensor t = held.back()->view(type, shape);
+          be.upload(data.data(), t, data.size() * 4);
+          return t;
+        };
+        Front f;
+        f.x = put(GgmlType::F32, {c.D, T}, std::vector<float>(size_t(c.D * T), 0.0f));
+        f.nw = put(GgmlType::F32, {c.D}, nw);
+        f.normed = put(GgmlType::F32, {c.D, T}, std::vector<float>(size_t(c.D * T), std::nanf("")));
+        f.router = put(GgmlType::F32, {c.D, c.E}, router);
+        if (c.bias) f.rb = put(GgmlType::F32, {c.E}, rb);
+        f.logits = put(GgmlType::F32, {c.E, T}, std::vector<float>(size_t(c.E * T), std::nanf("")));
+        f.ids = put(GgmlType::I32, {int64_t(c.K), T}, std::vector<int32_t>(size_t(c.K * T), -1));
+        f.w = put(GgmlType::F32, {int64_t(c.K), T}, std::vector<float>(size_t(c.K * T), std::nanf("")));
+        return f;
+      };
+      Front gpu = make(g), cpu = make(cpu_);
+      for (int step = 0; step < 2; ++step) {
+        const std::string what = "D " + std::to_string(c.D) + " E " + std::to_string(c.E) + " T " +
+                                 std::to_string(T) + " step " + std::to_string(step);
+        const std::vector<float> x = random_floats(rng_, size_t(c.D * T), -2.0f, 2.0f);
+        g.upload(x.data(), gpu.x, x.size() * 4), cpu_.upload(x.data(), cpu.x, x.size() * 4);
+        auto run = [&](Backend& be, Front& f) {
+          be.rmsnorm_moe_route(f.x, f.nw, eps, f.normed, f.router, f.rb, route, f.logits, f.ids, f.w);
+          std::vector<float> normed(size_t(c.D * T)), logits(size_t(c.E * T)), w(size_t(c.K * T));
+          std::vector<int32_t> ids(size_t(c.K * T));
+          be.download(f.normed, normed.data(), normed.size() * 4);
+          be.download(f.logits, logits.data(), logits.size() * 4);
+          be.download(f.ids, ids.data(), ids.size() * 4);
+          be.download(f.w, w.data(), w.size() * 4);
+          return std::make_tuple(normed, logits, ids, w);
+        };
+        const auto [g_normed, g_logits, g_ids, g_w] = run(g, gpu);
+        const auto [c_normed, c_logits, c_ids, c_w] = run(cpu_, cpu);
+        auto as_double = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+        EXPECT_TRUE(cuda::testing::all_close(g_normed, as_double(c_normed), 1e-5, 1e-6, "normed " + what));
+        EXPECT_TRUE(cuda::testing::all_close(g_logits, as_double(c_logits), 1e-4, 1e-5, "logits " + what));
+        int near_ties = 0;
+        for (int64_t t = 0; t < T; ++t)
+          for (int j = 0; j < c.K; ++j) {
+            const int32_t want = c_ids[size_t(t * c.K + j)], got = g_ids[size_t(t * c.K + j)];
+            if (want == got) {
+              EXPECT_NEAR(g_w[size_t(t * c.K + j)], c_w[size_t(t * c.K + j)], 1e-4 * std::fabs(c_w[size_t(t * c.K + j)]) + 1e-6)
+                  << what << ": weight of token " << t << " slot " << j;
+              continue;
+            }
+            ASSERT_TRUE(got >= 0 && got < c.E) << what << ": token " << t << " slot " << j << " expert " << got;
+            const float lw = c_logits[size_t(t * c.E + want)], lg = c_logits[size_t(t * c.E + got)];
+            EXPECT_LE(std::fabs(lw - lg), 1e-4f * std::fabs(lw) + 1e-5f)
+                << what << ": token " << t << " slot " << j << " expert " << got << ", want " << want;
+            ++near_ties;
+          }
+        EXPECT_LE(near_ties, 2) << what;  // a swapped pair counts twice
+      }
+      if (T == 1) EXPECT_GE(g.graphs().replays(), 1) << "the second step was not replayed";
     }
   }
 }

@@ -57,6 +57,8 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   check(cudaMallocHost(&pinned_, cuda_memory::kPinnedBytes), "cudaMallocHost (staging)");
   pinned_bytes_ = cuda_memory::kPinnedBytes;
   graphs_ = std::make_unique<cuda::StepGraphs>(stream_, options.graphs, options.graph_max_tokens);
+  scratch(route_tickets_, size_t(kMoeRouteMaxTokens) * sizeof(unsigned));
+  check(cudaMemset(route_tickets_.data, 0, route_tickets_.bytes), "cudaMemset (route tickets)");
   check(cudaMallocHost(&download_pinned_, kMaxPendingDownloads * kMaxAsyncDownloadBytes), "cudaMallocHost (downloads)");
   for (int i = 0; i < kMaxPendingDownloads; ++i) {
     check(cudaEventCreateWithFlags(&downloads_[i].done, cudaEventDisableTiming), "cudaEventCreate");

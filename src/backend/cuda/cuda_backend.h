@@ -86,6 +86,9 @@ class CudaBackend final : public Backend {
   void scale(const Tensor& x, float factor, Tensor& out) override;
   void softcap(const Tensor& x, float cap, Tensor& out) override;
   void moe_route(const Tensor& logits, const MoeRouteParams& params, Tensor& ids, Tensor& weights) override;
+  void rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed, const Tensor& router,
+                         const Tensor& router_bias, const MoeRouteParams& params, Tensor& logits, Tensor& ids,
+                         Tensor& weights) override;
   void moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
                const GluParams& act, Tensor& out) override;
   void moe_ffn_add(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
@@ -207,6 +210,10 @@ class CudaBackend final : public Backend {
   size_t weight_bytes_ = 0;
   Scratch q8_scratch_, matmul_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;
+  // rmsnorm_moe_route's tickets (one per token of a decode batch), zeroed once at start; each
+  // launch leaves them zero.
+  static constexpr int64_t kMoeRouteMaxTokens = 8;
+  Scratch route_tickets_;
   int device_sms_ = 0;
 };
 

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/matvec.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_extra.h"
 #include "core/error.h"
 
 namespace kiln::cuda_ops {
@@ -94,6 +95,32 @@ inline size_t q8_row_bytes(int64_t cols) { return (cuda::matvec_scratch_bytes(Gg
 inline bool same_view(const Tensor& a, const Tensor& b) {
   return a.data == b.data && a.dtype == b.dtype && std::equal(std::begin(a.ne), std::end(a.ne), std::begin(b.ne)) &&
          std::equal(std::begin(a.nb), std::end(a.nb), std::begin(b.nb));
+}
+
+// The routing kernel's arguments (ops_extra.h) for moe_route's tensors, checked.
+inline cuda::MoeRouteArgs moe_route_args(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights,
+                                         const char* op) {
+  require_f32(logits, op, "logits");
+  require_f32(weights, op, "weights");
+  const int64_t n_expert = logits.ne[0], T = logits.rows();
+  KILN_CHECK(p.n_used > 0 && p.n_used <= n_expert, "cuda {}: {} experts used of {}", op, p.n_used, n_expert);
+  KILN_CHECK(ids.dtype == GgmlType::I32 && ids.device == Device::Cuda && ids.ne[0] == p.n_used && ids.rows() == T &&
+                 weights.ne[0] == p.n_used && weights.rows() == T,
+             "cuda {}: ids {} / weights {} are not [{}, {}]", op, ids.describe(), weights.describe(), p.n_used, T);
+  cuda::MoeRouteArgs a;
+  a.logits = logits.as<float>(), a.logits_stride = stride_of(logits, op, "logits");
+  a.n_expert = n_expert, a.n_tokens = T, a.n_used = p.n_used;
+  a.gating = p.gating == MoeGating::Softmax ? 0 : p.gating == MoeGating::Sigmoid ? 1 : 2;
+  a.normalize = p.normalize, a.scale = p.scale;
+  if (p.selection_bias) {
+    require_f32(*p.selection_bias, op, "selection_bias");
+    KILN_CHECK(p.selection_bias->elements() == n_expert, "cuda {}: selection bias of {} for {} experts", op,
+               p.selection_bias->elements(), n_expert);
+    a.selection_bias = p.selection_bias->as<float>();
+  }
+  a.ids = ids.as<int32_t>(), a.ids_stride = int64_t(ids.nb[1] / 4);
+  a.weights = weights.as<float>(), a.weights_stride = int64_t(weights.nb[1] / 4);
+  return a;
 }
 
 }  // namespace kiln::cuda_ops

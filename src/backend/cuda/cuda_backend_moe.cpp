@@ -1,9 +1,12 @@
-// The CUDA backend's mixture-of-experts FFN: argument checks on the host, then the routed
-// kernels of moe.h (indexed matvecs for a few tokens and in exact mode, grouped GEMMs for
-// many), recorded like every other op so that decode passes replay as graphs.
+// The CUDA backend's mixture-of-experts layer: the front (norm, router, routing) as one
+// kernel in decode (ops_extra.h's moe_norm_route), and the FFN: argument checks on the host,
+// then the routed kernels of moe.h (indexed matvecs for a few tokens and in exact mode,
+// grouped GEMMs for many), recorded like every other op so that decode passes replay as
+// graphs.
 #include <initializer_list>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_checks.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops_extra.h"
 
@@ -53,6 +56,51 @@ Tensor bias_of_expert(const Tensor& stacked, int64_t expert) {
 }
 
 }  // namespace
+
+void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
+                                    const Tensor& router, const Tensor& router_bias, const MoeRouteParams& params,
+                                    Tensor& logits, Tensor& ids, Tensor& weights) {
+  using cuda_ops::require_f32;
+  const int64_t T = x.rows(), n_embd = x.ne[0];
+  // One kernel for a decode batch in fast mode, with an f32 router and packed rows; the
+  // three ops otherwise (and while an add of x is pending: rmsnorm takes it in).
+  const bool packed = x.dtype == GgmlType::F32 && x.nb[0] == 4 && normed.dtype == GgmlType::F32 && normed.nb[0] == 4 &&
+                      x.device == Device::Cuda && normed.device == Device::Cuda && cuda_ops::even_stride(x) >= 0 &&
+                      cuda_ops::even_stride(normed) >= 0 && normed.ne[0] == n_embd && normed.rows() == T;
+  const bool fused_here = !options_.exact && options_.fused && !pending_add_ && packed && T <= kMoeRouteMaxTokens &&
+                          router.dtype == GgmlType::F32 && router.device == Device::Cuda && router.ne[0] == n_embd &&
+                          router.ne[2] == 1 && router.ne[3] == 1 && router.nb[1] % 16 == 0 &&
+                          logits.ne[0] == router.ne[1] && logits.rows() == T &&
+                          (router_bias.empty() || (router_bias.dtype == GgmlType::F32 &&
+                                                   router_bias.device == Device::Cuda &&
+                                                   router_bias.elements() == router.ne[1])) &&
+                          (norm_weight.empty() || (norm_weight.dtype == GgmlType::F32 &&
+                                                   norm_weight.device == Device::Cuda &&
+                                                   norm_weight.elements() == n_embd));
+  cuda::MoeNormRouteArgs a;
+  if (fused_here) {
+    a.x = x.as<float>(), a.x_stride = cuda_ops::even_stride(x), a.n_embd = n_embd;
+    a.normed = normed.as<float>(), a.normed_stride = cuda_ops::even_stride(normed);
+    // normed must not overlap x: the blocks read x while others write their share of normed.
+    const float* x_end = a.x + (T - 1) * a.x_stride + n_embd;
+    const float* n_end = a.normed + (T - 1) * a.normed_stride + n_embd;
+    const bool apart = x_end <= a.normed || n_end <= a.x;
+    a.norm_weight = norm_weight.empty() ? nullptr : norm_weight.as<float>(), a.eps = eps;
+    a.router = router.as<float>(), a.router_stride = int64_t(router.nb[1] / 4);
+    a.router_bias = router_bias.empty() ? nullptr : router_bias.as<float>();
+    a.route = cuda_ops::moe_route_args(logits, params, ids, weights, "rmsnorm_moe_route");
+    a.logits = logits.as<float>();
+    a.tickets = static_cast<unsigned*>(route_tickets_.data);
+    if (apart && cuda::moe_norm_route_fits(a)) {
+      cuda_ops::Sig sig(Op::MoeRoute);
+      sig.t(x).t(norm_weight).v(eps).t(normed).t(router).t(router_bias).t(logits).t(ids).t(weights);
+      sig.v(params.n_used).v(params.gating).v(params.normalize).v(params.scale).v(a.route.selection_bias);
+      record(sig.h, T, [=](cudaStream_t s) { return cuda::moe_norm_route(a, s); }, "rmsnorm_moe_route");
+      return;
+    }
+  }
+  Backend::rmsnorm_moe_route(x, norm_weight, eps, normed, router, router_bias, params, logits, ids, weights);
+}
 
 void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor& ids, const Tensor& weights,
                           const GluParams& act, Tensor& out) {

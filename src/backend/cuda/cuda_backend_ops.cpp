@@ -315,29 +315,10 @@ void CudaBackend::softcap(const Tensor& x, float cap, Tensor& out) {
 }
 
 void CudaBackend::moe_route(const Tensor& logits, const MoeRouteParams& p, Tensor& ids, Tensor& weights) {
-  require_f32(logits, "moe_route", "logits");
-  require_f32(weights, "moe_route", "weights");
-  const int64_t n_expert = logits.ne[0], T = logits.rows();
-  KILN_CHECK(p.n_used > 0 && p.n_used <= n_expert, "cuda moe_route: {} experts used of {}", p.n_used, n_expert);
-  KILN_CHECK(ids.dtype == GgmlType::I32 && ids.ne[0] == p.n_used && ids.rows() == T && weights.ne[0] == p.n_used &&
-                 weights.rows() == T,
-             "cuda moe_route: ids {} / weights {} are not [{}, {}]", ids.describe(), weights.describe(), p.n_used, T);
-  cuda::MoeRouteArgs a;
-  a.logits = logits.as<float>(), a.logits_stride = stride_of(logits, "moe_route", "logits");
-  a.n_expert = n_expert, a.n_tokens = T, a.n_used = p.n_used;
-  a.gating = p.gating == MoeGating::Softmax ? 0 : p.gating == MoeGating::Sigmoid ? 1 : 2;
-  a.normalize = p.normalize, a.scale = p.scale;
-  if (p.selection_bias) {
-    require_f32(*p.selection_bias, "moe_route", "selection_bias");
-    KILN_CHECK(p.selection_bias->elements() == n_expert, "cuda moe_route: selection bias of {} for {} experts",
-               p.selection_bias->elements(), n_expert);
-    a.selection_bias = p.selection_bias->as<float>();
-  }
-  a.ids = ids.as<int32_t>(), a.ids_stride = int64_t(ids.nb[1] / 4);
-  a.weights = weights.as<float>(), a.weights_stride = int64_t(weights.nb[1] / 4);
+  const cuda::MoeRouteArgs a = moe_route_args(logits, p, ids, weights, "moe_route");
   Sig sig(Op::MoeRoute);
   sig.t(logits).t(ids).t(weights).v(p.n_used).v(p.gating).v(p.normalize).v(p.scale).v(a.selection_bias);
-  record(sig.h, T, [=](cudaStream_t s) { return cuda::moe_route(a, s); }, "moe_route");
+  record(sig.h, logits.rows(), [=](cudaStream_t s) { return cuda::moe_route(a, s); }, "moe_route");
 }
 
 void CudaBackend::argmax(const Tensor& x, Tensor& out) {

@@ -111,6 +111,30 @@ struct MoeRouteArgs {
 };
 Status moe_route(const MoeRouteArgs& args, cudaStream_t stream);
 
+// The MoE layer's front in one launch, for a few tokens: the RMS norm of x (written to
+// normed, the experts' input), the router's logits of the normed row (f32 router, optional
+// bias) and the routing of MoeRouteArgs (`route`: its logits are `logits` here). Blocks
+// split the router's rows; the last block of a token to finish (a ticket per token in
+// `tickets`, zero before the launch and left zero after) routes it. x, normed, the norm
+// weights and the router rows start 16-byte aligned (moe_norm_route_fits).
+struct MoeNormRouteArgs {
+  const float* x = nullptr;  // [n_tokens][n_embd], row stride x_stride
+  int64_t x_stride = 0, n_embd = 0;
+  const float* norm_weight = nullptr;  // [n_embd] or null
+  float eps = 0.0f;
+  float* normed = nullptr;  // [n_tokens][n_embd], row stride normed_stride; must not overlap x
+  int64_t normed_stride = 0;
+  const float* router = nullptr;  // [n_expert][n_embd] f32, row stride router_stride floats
+  int64_t router_stride = 0;
+  const float* router_bias = nullptr;  // [n_expert] or null
+  float* logits = nullptr;             // [n_tokens][n_expert], row stride route.logits_stride
+  MoeRouteArgs route;                  // route.logits == logits (read back by the routing)
+  unsigned* tickets = nullptr;         // [n_tokens]
+};
+// Whether the fused kernel takes these sizes and alignments (else run the three ops).
+bool moe_norm_route_fits(const MoeNormRouteArgs& args);
+Status moe_norm_route(const MoeNormRouteArgs& args, cudaStream_t stream);
+
 // out[t] (+)= w(t, e) * y[t], w(t, e) = sum of weights[t][j] over the j with ids[t][j] == e.
 // `accumulate` false: out is overwritten (the first expert).
 struct MoeCombineArgs {

@@ -1,0 +1,135 @@
+#pragma once
+// The routing of one token by one warp, shared by the routing kernel (moe_route.cu) and the
+// fused norm + router + routing kernel (moe_router.cu).
+//
+// Lane i holds the scores of experts i, i + 32, ... in registers (kPerLane of them), the
+// scores are computed once, then k rounds of "largest not yet taken" across the warp; equal
+// choices keep the lower expert index first, the order of the CPU backend's stable sort.
+// Lane j keeps slot j's id and weight, so the optional softmax over the chosen k, the
+// normalization and the scale are warp reductions too.
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/ops_extra.h"
+
+namespace kiln::cuda::route_detail {
+
+using detail::kFullMask;
+using detail::kWarpSize;
+
+constexpr int kMaxPerLane = 32;  // n_expert <= 1024
+constexpr int kMaxUsed = kWarpSize;
+
+__device__ __forceinline__ double warp_sum_double(double v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// Routes token t: reads its logits (through L2: the fused kernel's other blocks wrote them),
+// writes its ids and weights. The whole warp calls it.
+template <int kPerLane>
+__device__ __forceinline__ void route_token(const MoeRouteArgs& a, int64_t t) {
+  const int lane = threadIdx.x % kWarpSize;
+  const float* l = a.logits + t * a.logits_stride;
+
+  float score[kPerLane], choose[kPerLane];
+  float m = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + kWarpSize * i;
+    score[i] = e < a.n_expert ? __ldcg(l + e) : -INFINITY;
+    m = fmaxf(m, score[i]);
+  }
+  if (a.gating == 0) {  // softmax over all experts: exp in f32 and the sum in double, as the CPU
+    m = detail::warp_max(m);
+    double sum = 0;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      score[i] = lane + kWarpSize * i < a.n_expert ? expf(score[i] - m) : 0.0f;
+      sum += score[i];
+    }
+    sum = warp_sum_double(sum);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score[i] = float(double(score[i]) / sum);
+  } else if (a.gating == 1) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score[i] = 1.0f / (1.0f + expf(-score[i]));
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + kWarpSize * i;
+    choose[i] = score[i] + (a.selection_bias && e < a.n_expert ? a.selection_bias[e] : 0.0f);
+  }
+
+  uint32_t taken = 0;  // bit i: expert lane + 32 i is chosen
+  int my_id = 0;       // lane j: slot j's expert and score
+  float my_w = 0.0f;
+  for (int j = 0; j < a.n_used; ++j) {
+    int best = -1;
+    float best_choice = 0.0f, best_score = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + kWarpSize * i;
+      if (e >= a.n_expert || ((taken >> i) & 1u)) continue;
+      if (best < 0 || choose[i] > best_choice) best = e, best_choice = choose[i], best_score = score[i];
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const int other = __shfl_xor_sync(kFullMask, best, offset);
+      const float other_choice = __shfl_xor_sync(kFullMask, best_choice, offset);
+      const float other_score = __shfl_xor_sync(kFullMask, best_score, offset);
+      const bool better =
+          other >= 0 && (best < 0 || other_choice > best_choice || (other_choice == best_choice && other < best));
+      if (better) best = other, best_choice = other_choice, best_score = other_score;
+    }
+    // n_used <= n_expert, so some expert is always left: best >= 0 here.
+    if (best % kWarpSize == lane) taken |= 1u << (best / kWarpSize);
+    if (lane == j) my_id = best, my_w = best_score;
+  }
+
+  const bool slot = lane < a.n_used;
+  if (a.gating == 2) {  // softmax over the chosen k (slot 0 holds the largest)
+    const float top = __shfl_sync(kFullMask, my_w, 0);
+    my_w = slot ? expf(my_w - top) : 0.0f;
+    const double s = warp_sum_double(my_w);
+    my_w = float(double(my_w) / s);
+  }
+  if (a.normalize) {
+    const double s = warp_sum_double(slot ? double(my_w) : 0.0);
+    my_w = float(double(my_w) / s);
+  }
+  if (slot) {
+    a.ids[t * a.ids_stride + lane] = my_id;
+    a.weights[t * a.weights_stride + lane] = my_w * a.scale;
+  }
+}
+
+// What the routing cannot take, or an empty string.
+inline std::string route_refusal(const MoeRouteArgs& a) {
+  if (a.n_used <= 0 || a.n_used > a.n_expert || a.n_used > kMaxUsed)
+    return std::to_string(a.n_used) + " experts used of " + std::to_string(a.n_expert) + " (at most " +
+           std::to_string(kMaxUsed) + " used)";
+  if (a.n_expert > int64_t(kWarpSize) * kMaxPerLane)
+    return std::to_string(a.n_expert) + " experts; at most " + std::to_string(kWarpSize * kMaxPerLane) +
+           " are supported";
+  if (a.gating < 0 || a.gating > 2) return "unknown gating " + std::to_string(a.gating);
+  return {};
+}
+
+// Calls f(std::integral_constant<int, kPerLane>{}) with the smallest kPerLane that holds
+// n_expert (at most 1024, see route_refusal).
+template <typename F>
+auto visit_per_lane(int64_t n_expert, F&& f) {
+  const int64_t per_lane = (n_expert + kWarpSize - 1) / kWarpSize;
+  if (per_lane <= 1) return f(std::integral_constant<int, 1>{});
+  if (per_lane <= 2) return f(std::integral_constant<int, 2>{});
+  if (per_lane <= 4) return f(std::integral_constant<int, 4>{});
+  if (per_lane <= 8) return f(std::integral_constant<int, 8>{});
+  if (per_lane <= 16) return f(std::integral_constant<int, 16>{});
+  return f(std::integral_constant<int, 32>{});
+}
+
+}  // namespace kiln::cuda::route_detail
