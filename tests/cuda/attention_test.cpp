@@ -1,6 +1,7 @@
 // Decode attention (backend/cuda/attention.h) against a double-precision reference over a
 // paged cache with shuffled block tables, at contexts 1, 17, 1000 and 5000 (which take one
-// key range or several merged ranges).
+// key range or several merged ranges), and at planned contexts (a graph's bucket) longer
+// than the tokens' own, whose ranges merge in a cluster (1..16 ranges, empty ones among them).
 //
 // Error bound: f32 dot products, expf and f32 sums: |out - ref| <= 2e-5 * sum_j p_j |v_j|
 // (+ 1e-7) per element, p_j the reference softmax weights. With an f16 cache the reference
@@ -25,6 +26,8 @@ struct AttnCase {
   int window = 0;
   bool sinks = false;
   float q_scale = 1.0f;
+  int max_context = 0;  // the planned context (> every position); 0: the longest position + 1
+  int want_splits = 0;  // > 0: the plan must split the keys into this many ranges
 };
 
 void run_case(const AttnCase& c, uint64_t seed) {
@@ -33,7 +36,8 @@ void run_case(const AttnCase& c, uint64_t seed) {
                std::to_string(c.softcap) + " window " + std::to_string(c.window) + (c.sinks ? " sinks" : ""));
   std::mt19937_64 rng(seed);
   const int D = c.head_dim, n_seq = int(c.positions.size()), block_size = 16;
-  const int max_context = *std::max_element(c.positions.begin(), c.positions.end()) + 1;
+  const int max_context =
+      std::max(c.max_context, *std::max_element(c.positions.begin(), c.positions.end()) + 1);
   const int max_blocks = (max_context + block_size - 1) / block_size;
   // Physical blocks: every sequence gets its own, handed out in shuffled order.
   std::vector<int32_t> physical(size_t(n_seq * max_blocks));
@@ -88,6 +92,13 @@ void run_case(const AttnCase& c, uint64_t seed) {
   a.sinks = c.sinks ? s_d.as<float>() : nullptr;
   a.out = out_d.as<float>();
   a.out_stride = out_stride;
+  const DecodeAttentionPlan plan = plan_decode_attention(a);
+  SCOPED_TRACE("planned context " + std::to_string(max_context) + ": " + std::to_string(plan.n_splits) +
+               " ranges of " + std::to_string(plan.keys_per_split) + (plan.cluster ? " keys, cluster" : " keys"));
+  if (c.want_splits > 0) {
+    EXPECT_EQ(plan.n_splits, c.want_splits);
+    EXPECT_EQ(plan.cluster, c.want_splits > 1 && decode_attention_clusters_available());
+  }
   DeviceBuffer scratch(std::max<size_t>(16, decode_attention_scratch_bytes(a)));
   scratch.poison();
   KILN_STATUS_OK(decode_attention(a, scratch.as(), scratch.bytes(), nullptr));
@@ -163,6 +174,62 @@ TEST(CudaDecodeAttention, HeadDim256) {
   KILN_REQUIRE_GPU();
   run_case({256, 8, 1, GgmlType::F16, {0, 16, 999}}, 25);
   run_case({256, 4, 2, GgmlType::F32, {3, 300}}, 26);
+}
+
+// One sequence, 32 query heads over 8 kv heads (4 per block, 8 head groups): a planned
+// context of 32 k keys gives k ranges of 32 keys, merged in a cluster of k blocks. The token
+// sits at the last position (every range holds keys) or at a random one (later ranges empty).
+TEST(CudaDecodeAttention, ClusterMergeOfOneToSixteenRanges) {
+  KILN_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (int k = 1; k <= kMaxClusterSplits; ++k) {
+    for (int32_t pos : {32 * k - 1, int32_t(rng() % uint32_t(32 * k))}) {
+      AttnCase c{128, 32, 8, GgmlType::F16, {pos}};
+      c.max_context = 32 * k;
+      c.want_splits = k;
+      run_case(c, 100 + k);
+    }
+  }
+}
+
+// Several sequences in one launch, each with its own number of empty ranges; f32 cache.
+TEST(CudaDecodeAttention, ClusterMergeSeveralSequences) {
+  KILN_REQUIRE_GPU();
+  AttnCase c{128, 32, 8, GgmlType::F32, {0, 5, 300, 511, 97}};
+  c.max_context = 512;  // 5 x 8 head groups: 8 ranges of 64
+  c.want_splits = 8;
+  run_case(c, 41);
+}
+
+// Sinks, soft-capping and a sliding window (the window is the span the ranges cover).
+TEST(CudaDecodeAttention, ClusterMergeSinksSoftcapWindow) {
+  KILN_REQUIRE_GPU();
+  AttnCase c{64, 12, 2, GgmlType::F32, {3, 150, 399, 260}};
+  c.sinks = true;
+  c.softcap = 15.0f;
+  c.q_scale = 4.0f;
+  c.window = 100;
+  c.max_context = 400;
+  c.want_splits = 4;  // ranges of 32 over the 100-key window
+  run_case(c, 42);
+  c.window = 0;
+  c.cache = GgmlType::F16;
+  c.want_splits = 13;  // 4 x 6 head groups: 13 ranges of 32 over 400 keys
+  run_case(c, 43);
+}
+
+// Eight query heads per block (head size 128) and four of head size 256.
+TEST(CudaDecodeAttention, ClusterMergeWideHeadGroups) {
+  KILN_REQUIRE_GPU();
+  AttnCase wide{128, 16, 2, GgmlType::F16, {200, 33}};
+  wide.max_context = 320;
+  wide.want_splits = 10;
+  run_case(wide, 44);
+  AttnCase big{256, 8, 1, GgmlType::F32, {250, 0, 129}};
+  big.max_context = 256;
+  big.sinks = true;
+  big.want_splits = 8;
+  run_case(big, 45);
 }
 
 TEST(CudaDecodeAttention, RefusesUnsupportedHeadDim) {

@@ -1,19 +1,58 @@
 // Decode attention: argument checks, the split plan and the dispatch to the kernels of
 // attention_kernel.cuh (see attention.h for the contract).
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/attention_kernel.cuh"
 
 namespace kiln::cuda {
-namespace detail {
+namespace {
 
-// Splits the key range into ranges of 64..kMaxSplitKeys keys, enough of them for about
-// kTargetBlocks blocks in all (4 blocks of 128 threads per SM fit the kernels' registers at
-// 4 heads per block; 132 SMs on an H100 / H200). Measured on the H200 (docs/perf-notes.md):
-// this beat ranges sized to fill waves of an assumed 3 blocks per SM.
-SplitPlan plan_splits(const DecodeAttentionArgs& a) {
-  SplitPlan plan;
+// Measurement switches, read once: KILN_CUDA_ATTN_CLUSTER=0 (no cluster merge: the second
+// kernel merges every split), KILN_CUDA_ATTN_MIN_KEYS=N (shortest range of a cluster plan,
+// default 32), KILN_CUDA_ATTN_PREFETCH=0 (no L2 prefetch before the wait).
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+int64_t round_up_32(int64_t n) { return (n + 31) / 32 * 32; }
+
+}  // namespace
+
+// Thread block clusters need sm_90 (the current device's, asked once).
+bool decode_attention_clusters_available() {
+  static const bool available = [] {
+    if (env_int("KILN_CUDA_ATTN_CLUSTER", 1) == 0) return false;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();  // no device: leave no sticky error behind
+      return false;
+    }
+    return major >= 9;
+  }();
+  return available;
+}
+
+// Query heads per block: the largest of 8, 4, 2, 1 that divides the GQA group (4 at most for
+// head size 256, registers allowing). The key range is then split for about kTargetBlocks
+// blocks in all (4 blocks of 128 threads per SM fit the kernels' registers at 4 heads per
+// block; 132 SMs on an H100 / H200):
+//  - in a cluster (sm_90) when at most kMaxClusterSplits ranges of 32..kMaxClusterKeys keys
+//    do: no second kernel and no round trip through memory, and short ranges (one step of
+//    the key loop) since the blocks of one cluster merge cheaply;
+//  - else in ranges of 64..kMaxSplitKeys keys merged by combine_kernel. Measured on the H200
+//    (docs/perf-notes.md): this beat ranges sized to fill waves of an assumed 3 blocks per SM.
+DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& a) {
+  static const int min_cluster_keys = std::clamp(int(round_up_32(env_int("KILN_CUDA_ATTN_MIN_KEYS", 32))), 32,
+                                                 detail::kMaxClusterKeys);
+  static const bool prefetch = env_int("KILN_CUDA_ATTN_PREFETCH", 1) != 0;
+  DecodeAttentionPlan plan;
+  plan.prefetch = prefetch;
+  if (a.n_seq <= 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.max_context <= 0)
+    return plan;  // decode_attention() refuses these
   const int group = a.n_head / a.n_head_kv;
   for (int h : {8, 4, 2, 1})
     if (group % h == 0 && !(a.head_dim == 256 && h > 4)) {
@@ -22,21 +61,30 @@ SplitPlan plan_splits(const DecodeAttentionArgs& a) {
     }
   const int64_t span = a.sliding_window > 0 && a.sliding_window < a.max_context ? a.sliding_window : a.max_context;
   const int64_t base_blocks = int64_t(a.n_seq) * (a.n_head / plan.heads_per_block);
-  const int64_t wanted = (kTargetBlocks + base_blocks - 1) / base_blocks;
+  const int64_t wanted = (detail::kTargetBlocks + base_blocks - 1) / base_blocks;
+  if (decode_attention_clusters_available()) {
+    const int64_t splits = std::min<int64_t>(wanted, kMaxClusterSplits);
+    const int64_t keys = std::max<int64_t>(round_up_32((span + splits - 1) / splits), min_cluster_keys);
+    if (keys <= detail::kMaxClusterKeys) {
+      plan.keys_per_split = int(keys);
+      plan.n_splits = int((span + keys - 1) / keys);
+      plan.cluster = plan.n_splits > 1;
+      return plan;
+    }
+  }
   int64_t keys = (span + wanted - 1) / wanted;
-  keys = std::clamp<int64_t>((keys + 31) / 32 * 32, 64, kMaxSplitKeys);
+  keys = std::clamp<int64_t>(round_up_32(keys), 64, detail::kMaxSplitKeys);
   plan.keys_per_split = int(keys);
   plan.n_splits = int((span + keys - 1) / keys);
   return plan;
 }
 
-}  // namespace detail
-
+// Scratch for the second kernel's records (a cluster merges without).
 size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& a) {
   if (a.n_seq <= 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.max_context <= 0)
     return 0;
-  const detail::SplitPlan plan = detail::plan_splits(a);
-  if (plan.n_splits == 1) return 0;
+  const DecodeAttentionPlan plan = plan_decode_attention(a);
+  if (plan.n_splits == 1 || plan.cluster) return 0;
   return size_t(a.n_seq) * a.n_head * plan.n_splits * (a.head_dim + 2) * sizeof(float);
 }
 
@@ -58,7 +106,7 @@ Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scra
   if (reinterpret_cast<uintptr_t>(a.k_cache) % 16 || reinterpret_cast<uintptr_t>(a.v_cache) % 16 ||
       (a.k_slot_stride * elem) % 16 || (a.v_slot_stride * elem) % 16)
     return Status::invalid("decode_attention: cache rows must be 16-byte aligned (base and slot stride)");
-  const detail::SplitPlan plan = detail::plan_splits(a);
+  const DecodeAttentionPlan plan = plan_decode_attention(a);
   const size_t need = decode_attention_scratch_bytes(a);
   if (a.out_q8 && (reinterpret_cast<uintptr_t>(a.out_q8) % 16 || a.out_q8_row_bytes % 16 ||
                    (int64_t(a.n_head) * a.head_dim) % 32))
