@@ -12,13 +12,12 @@ K=$1
 M=$2
 variants=(
   "KILN_CUDA_ATTN_CLUSTER=0 KILN_CUDA_ATTN_PREFETCH=0"
-  "KILN_CUDA_ATTN_CLUSTER=0"
   "KILN_CUDA_ATTN_PREFETCH=0"
   "KILN_CUDA_ATTN_MIN_KEYS=64"
   ""
 )
 step_ms() {  # env settings, prompt length
-  env $1 KILN_CUDA_STEP_TIMING=1 timeout 120 "$K" bench -m "$M" -p "$2" -n 128 -r 2 --device cuda 2>&1 |
+  env $1 KILN_CUDA_STEP_TIMING=1 timeout 120 "$K" bench -m "$M" -p "$2" -n 128 -r 1 --device cuda 2>&1 |
     grep -o "[0-9.]* ms of GPU time" | head -1
 }
 tg128() {
