@@ -23,7 +23,7 @@ step_ms() {  # env settings, prompt length
 tg128() {
   env $1 timeout 120 "$K" bench -m "$M" -p 512 -n 128 -r 3 --device cuda 2>&1 | grep -E "tg128|pp512" | tr -s ' ' | tr '\n' ' '
 }
-echo "without attention: p16 $(KILN_CUDA_SKIP_OPS=attention step_ms "" 16) | p512 $(KILN_CUDA_SKIP_OPS=attention step_ms "" 512)"
+echo "without attention: p16 $(step_ms KILN_CUDA_SKIP_OPS=attention 16) | p512 $(step_ms KILN_CUDA_SKIP_OPS=attention 512)"
 for v in "${variants[@]}"; do
   echo "[${v:-default}] p16 $(step_ms "$v" 16) | p512 $(step_ms "$v" 512)"
 done
