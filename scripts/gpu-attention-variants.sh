@@ -1,9 +1,11 @@
 #!/bin/bash
 # Decode attention variants in the chained decode graph: for each setting of the measurement
-# switches of backend/cuda/attention.cu (KILN_CUDA_ATTN_CLUSTER, _MIN_KEYS, _PREFETCH), the
-# GPU time of a decode step (KILN_CUDA_STEP_TIMING=1, one graph replay) at decode contexts
-# ~16-144 (-p 16) and ~512-640 (-p 512), then tg128 of `kiln bench -p 512 -n 128 -r 3`.
-# A step with attention left out (KILN_CUDA_SKIP_OPS=attention) gives what attention costs.
+# switches of backend/cuda/attention.cu (KILN_CUDA_ATTN_CLUSTER, _MIN_KEYS, _PREFETCH,
+# _MAX_HEADS), the mean GPU time of a decode step (KILN_CUDA_STEP_TIMING=1, graph replays)
+# over the steps of tg128 (contexts 1..128) and tg1024 (contexts 1..1024, buckets of 256,
+# 512 and 1024 keys); a step with attention left out (KILN_CUDA_SKIP_OPS=attention) gives
+# what attention costs. Then tg128 of `kiln bench -p 512 -n 128 -r 3` for the first two
+# variants (tg tests start from an empty cache: contexts 1..128 whatever -p is).
 #
 #   scripts/gpu-attention-variants.sh path/to/kiln model.gguf
 set -u -o pipefail
@@ -11,22 +13,25 @@ set -u -o pipefail
 K=$1
 M=$2
 variants=(
-  "KILN_CUDA_ATTN_CLUSTER=0 KILN_CUDA_ATTN_PREFETCH=0"
-  "KILN_CUDA_ATTN_PREFETCH=0"
-  "KILN_CUDA_ATTN_MIN_KEYS=64"
   ""
+  "KILN_CUDA_ATTN_CLUSTER=0 KILN_CUDA_ATTN_MIN_KEYS=32"
+  "KILN_CUDA_ATTN_CLUSTER=0 KILN_CUDA_ATTN_PREFETCH=0"
+  "KILN_CUDA_ATTN_MAX_HEADS=2"
+  "KILN_CUDA_ATTN_CLUSTER=0 KILN_CUDA_ATTN_MIN_KEYS=32 KILN_CUDA_ATTN_MAX_HEADS=2"
 )
-step_ms() {  # env settings, prompt length
-  env $1 KILN_CUDA_STEP_TIMING=1 timeout 120 "$K" bench -m "$M" -p "$2" -n 128 -r 1 --device cuda 2>&1 |
+step_ms() {  # env settings, tokens generated
+  env $1 KILN_CUDA_STEP_TIMING=1 timeout 120 "$K" bench -m "$M" -p 0 -n "$2" -r 1 --device cuda 2>&1 |
     grep -o "[0-9.]* ms of GPU time" | head -1
 }
 tg128() {
-  env $1 timeout 120 "$K" bench -m "$M" -p 512 -n 128 -r 3 --device cuda 2>&1 | grep -E "tg128|pp512" | tr -s ' ' | tr '\n' ' '
+  env $1 timeout 120 "$K" bench -m "$M" -p 512 -n 128 -r 3 --device cuda 2>&1 | grep -E "tg128" | tr -s ' '
 }
-echo "without attention: p16 $(step_ms KILN_CUDA_SKIP_OPS=attention 16) | p512 $(step_ms KILN_CUDA_SKIP_OPS=attention 512)"
+echo "without attention: tg128 $(step_ms KILN_CUDA_SKIP_OPS=attention 128) | tg1024 $(step_ms KILN_CUDA_SKIP_OPS=attention 1024)"
 for v in "${variants[@]}"; do
-  echo "[${v:-default}] p16 $(step_ms "$v" 16) | p512 $(step_ms "$v" 512)"
+  long=""
+  case "$v" in *MAX_HEADS*) ;; *) long="| tg1024 $(step_ms "$v" 1024)" ;; esac
+  echo "[${v:-default}] tg128 $(step_ms "$v" 128) $long"
 done
-for v in "${variants[@]}"; do
+for v in "${variants[@]:0:2}"; do
   echo "[${v:-default}] $(tg128 "$v")"
 done

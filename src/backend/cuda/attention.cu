@@ -10,8 +10,9 @@ namespace kiln::cuda {
 namespace {
 
 // Measurement switches, read once: KILN_CUDA_ATTN_CLUSTER=0 (no cluster merge: the second
-// kernel merges every split), KILN_CUDA_ATTN_MIN_KEYS=N (shortest range of a cluster plan,
-// default 32), KILN_CUDA_ATTN_PREFETCH=0 (no L2 prefetch before the wait).
+// kernel merges every split), KILN_CUDA_ATTN_MIN_KEYS=N (shortest range of either plan;
+// default 32 in a cluster, 64 otherwise), KILN_CUDA_ATTN_PREFETCH=0 (no L2 prefetch before
+// the wait), KILN_CUDA_ATTN_MAX_HEADS=N (query heads per block at most: 1, 2, 4 or 8).
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
@@ -46,16 +47,18 @@ bool decode_attention_clusters_available() {
 //  - else in ranges of 64..kMaxSplitKeys keys merged by combine_kernel. Measured on the H200
 //    (docs/perf-notes.md): this beat ranges sized to fill waves of an assumed 3 blocks per SM.
 DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& a) {
-  static const int min_cluster_keys = std::clamp(int(round_up_32(env_int("KILN_CUDA_ATTN_MIN_KEYS", 32))), 32,
-                                                 detail::kMaxClusterKeys);
+  static const int min_keys_set = int(round_up_32(env_int("KILN_CUDA_ATTN_MIN_KEYS", 0)));
+  static const int min_cluster_keys = std::clamp(min_keys_set > 0 ? min_keys_set : 32, 32, detail::kMaxClusterKeys);
+  static const int min_combined_keys = std::clamp(min_keys_set > 0 ? min_keys_set : 64, 32, detail::kMaxSplitKeys);
   static const bool prefetch = env_int("KILN_CUDA_ATTN_PREFETCH", 1) != 0;
   DecodeAttentionPlan plan;
   plan.prefetch = prefetch;
   if (a.n_seq <= 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.max_context <= 0)
     return plan;  // decode_attention() refuses these
   const int group = a.n_head / a.n_head_kv;
+  static const int max_heads = env_int("KILN_CUDA_ATTN_MAX_HEADS", 8);
   for (int h : {8, 4, 2, 1})
-    if (group % h == 0 && !(a.head_dim == 256 && h > 4)) {
+    if (group % h == 0 && !(a.head_dim == 256 && h > 4) && (h <= max_heads || h == 1)) {
       plan.heads_per_block = h;
       break;
     }
@@ -73,7 +76,7 @@ DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& a) {
     }
   }
   int64_t keys = (span + wanted - 1) / wanted;
-  keys = std::clamp<int64_t>(round_up_32(keys), 64, detail::kMaxSplitKeys);
+  keys = std::clamp<int64_t>(round_up_32(keys), min_combined_keys, detail::kMaxSplitKeys);
   plan.keys_per_split = int(keys);
   plan.n_splits = int((span + keys - 1) / keys);
   return plan;

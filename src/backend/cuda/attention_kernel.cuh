@@ -331,20 +331,15 @@ __global__ void __launch_bounds__(D)
   if (a.out_q8) store_q8_piece(a, seq, e, value);  // a warp holds 32 consecutive outputs
 }
 
-// Blocks of one cluster may exceed the portable 8 (set once per kernel).
-template <typename Kernel>
-Status allow_large_clusters(Kernel kernel) {
-  static const cudaError_t set = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  return set == cudaSuccess ? Status() : Status::from_cuda(set, "decode_attention: clusters of up to 16 blocks");
-}
-
 template <int D, typename KV, int kHeads, bool kSoftcap>
 Status launch_ranges(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, float* partial,
                      cudaStream_t stream) {
   const dim3 grid(unsigned(a.n_seq), unsigned(a.n_head / kHeads), unsigned(plan.n_splits));
   if (plan.cluster) {
     const auto kernel = attention_kernel<D, KV, kHeads, kSoftcap, true>;
-    if (Status s = allow_large_clusters(kernel); !s.ok()) return s;
+    // Clusters above the portable 8 blocks: allowed once for each kernel (this instantiation).
+    static const cudaError_t large = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (large != cudaSuccess) return Status::from_cuda(large, "decode_attention: clusters of up to 16 blocks");
     launch_chained_in_clusters(kernel, grid, dim3(1, 1, unsigned(plan.n_splits)), kAttnThreads, 0, stream, a,
                                plan.keys_per_split, plan.n_splits, plan.prefetch, partial);
     return launch_status("attention_kernel (ranges merged in a cluster)");
