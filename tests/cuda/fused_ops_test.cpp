@@ -251,9 +251,9 @@ TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
 // that quantizes the output afresh, bit for bit.
 TEST_F(FusedOps, AttentionInt8CopyMatchesQuantizingAgain) {
   const int n_head = 8, n_kv = 2, head_dim = 128, block = 16;
-  // {300, 149}: the ranges merge in a cluster (sm_90); {2500, 149}: in the second kernel
-  // (ranges too long for a cluster).
-  for (const int32_t longest : {300, 2500}) {
+  // {200, 149}: 7 short ranges merged by the second kernel; {300, 149}: 10 ranges merged in
+  // a cluster (sm_90); {2500, 149}: in the second kernel (ranges too long for a cluster).
+  for (const int32_t longest : {200, 300, 2500}) {
     SCOPED_TRACE("longest position " + std::to_string(longest));
     const std::vector<int32_t> positions = {longest, 149};
     const int max_blocks = (longest + block) / block;

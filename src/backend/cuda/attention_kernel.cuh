@@ -33,6 +33,7 @@ inline constexpr int kAttnThreads = 128;
 inline constexpr int kAttnWarps = kAttnThreads / kWarpSize;
 inline constexpr int kMaxSplitKeys = 512;      // keys one block handles at most
 inline constexpr int kMaxClusterKeys = 128;    // ... in a cluster plan (longer: more blocks, second kernel)
+// (plan_decode_attention in attention.cu picks the ranges; kMaxClusterSplits in attention.h)
 inline constexpr int kTargetBlocks = 4 * 132;  // blocks the split plan aims at (132 SMs)
 
 // Asks L2 for `bytes` (a multiple of 16) from the 16-byte aligned global address p (sm_90
