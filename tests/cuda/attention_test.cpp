@@ -1,6 +1,8 @@
 // Decode attention (backend/cuda/attention.h) against a double-precision reference over a
 // paged cache with shuffled block tables, at contexts 1, 17, 1000 and 5000 (which take one
-// key range or several merged ranges).
+// key range or several merged ranges), and with given plans at planned contexts (a graph's
+// bucket) longer than the tokens' own: ranges merged in a cluster (1..16 ranges) or by the
+// second kernel, empty ranges among them.
 //
 // Error bound: f32 dot products, expf and f32 sums: |out - ref| <= 2e-5 * sum_j p_j |v_j|
 // (+ 1e-7) per element, p_j the reference softmax weights. With an f16 cache the reference
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "backend/cuda/attention.h"
 #include "cuda_test_support.h"
@@ -25,7 +28,15 @@ struct AttnCase {
   int window = 0;
   bool sinks = false;
   float q_scale = 1.0f;
+  int max_context = 0;  // the planned context (> every position); 0: the longest position + 1
+  std::optional<DecodeAttentionPlan> plan;  // else plan_decode_attention()'s
 };
+
+DecodeAttentionPlan given_plan(int heads_per_block, int n_splits, int keys_per_split, bool cluster) {
+  DecodeAttentionPlan p;
+  p.heads_per_block = heads_per_block, p.n_splits = n_splits, p.keys_per_split = keys_per_split, p.cluster = cluster;
+  return p;
+}
 
 void run_case(const AttnCase& c, uint64_t seed) {
   SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " heads " + std::to_string(c.n_head) + "/" +
@@ -33,7 +44,8 @@ void run_case(const AttnCase& c, uint64_t seed) {
                std::to_string(c.softcap) + " window " + std::to_string(c.window) + (c.sinks ? " sinks" : ""));
   std::mt19937_64 rng(seed);
   const int D = c.head_dim, n_seq = int(c.positions.size()), block_size = 16;
-  const int max_context = *std::max_element(c.positions.begin(), c.positions.end()) + 1;
+  const int max_context =
+      std::max(c.max_context, *std::max_element(c.positions.begin(), c.positions.end()) + 1);
   const int max_blocks = (max_context + block_size - 1) / block_size;
   // Physical blocks: every sequence gets its own, handed out in shuffled order.
   std::vector<int32_t> physical(size_t(n_seq * max_blocks));
@@ -88,9 +100,13 @@ void run_case(const AttnCase& c, uint64_t seed) {
   a.sinks = c.sinks ? s_d.as<float>() : nullptr;
   a.out = out_d.as<float>();
   a.out_stride = out_stride;
-  DeviceBuffer scratch(std::max<size_t>(16, decode_attention_scratch_bytes(a)));
+  const DecodeAttentionPlan plan = c.plan ? *c.plan : plan_decode_attention(a);
+  SCOPED_TRACE("planned context " + std::to_string(max_context) + ": " + std::to_string(plan.heads_per_block) +
+               " heads per block, " + std::to_string(plan.n_splits) + " ranges of " +
+               std::to_string(plan.keys_per_split) + (plan.cluster ? " keys, cluster" : " keys"));
+  DeviceBuffer scratch(std::max<size_t>(16, decode_attention_scratch_bytes(a, plan)));
   scratch.poison();
-  KILN_STATUS_OK(decode_attention(a, scratch.as(), scratch.bytes(), nullptr));
+  KILN_STATUS_OK(decode_attention(a, plan, scratch.as(), scratch.bytes(), nullptr));
   const std::vector<float> out_all = to_host<float>(out_d, size_t(n_seq * out_stride));
 
   std::vector<float> got;
@@ -163,6 +179,138 @@ TEST(CudaDecodeAttention, HeadDim256) {
   KILN_REQUIRE_GPU();
   run_case({256, 8, 1, GgmlType::F16, {0, 16, 999}}, 25);
   run_case({256, 4, 2, GgmlType::F32, {3, 300}}, 26);
+}
+
+#define KILN_REQUIRE_CLUSTERS()                                                       \
+  do {                                                                                \
+    KILN_REQUIRE_GPU();                                                               \
+    if (!decode_attention_clusters_available()) GTEST_SKIP() << "no sm_90 clusters here"; \
+  } while (0)
+
+// One sequence, 32 query heads over 8 kv heads, 4 per block: k ranges of 32 keys merged in a
+// cluster of k blocks. The token sits at the last position (every range holds keys) or at a
+// random one (later ranges empty).
+TEST(CudaDecodeAttention, ClusterMergeOfOneToSixteenRanges) {
+  KILN_REQUIRE_CLUSTERS();
+  std::mt19937 rng(31);
+  for (int k = 1; k <= kMaxClusterSplits; ++k) {
+    for (int32_t pos : {32 * k - 1, int32_t(rng() % uint32_t(32 * k))}) {
+      AttnCase c{128, 32, 8, GgmlType::F16, {pos}};
+      c.max_context = 32 * k;
+      c.plan = given_plan(4, k, 32, true);
+      run_case(c, 100 + k);
+    }
+  }
+}
+
+// Several sequences in one launch, each with its own number of empty ranges; f32 cache.
+TEST(CudaDecodeAttention, ClusterMergeSeveralSequences) {
+  KILN_REQUIRE_CLUSTERS();
+  AttnCase c{128, 32, 8, GgmlType::F32, {0, 5, 300, 511, 97}};
+  c.max_context = 512;
+  c.plan = given_plan(4, 16, 32, true);
+  run_case(c, 41);
+}
+
+// Sinks, soft-capping and a sliding window (the window is the span the ranges cover); two
+// query heads per block (groups of 6).
+TEST(CudaDecodeAttention, ClusterMergeSinksSoftcapWindow) {
+  KILN_REQUIRE_CLUSTERS();
+  AttnCase c{64, 12, 2, GgmlType::F32, {3, 150, 399, 260}};
+  c.sinks = true;
+  c.softcap = 15.0f;
+  c.q_scale = 4.0f;
+  c.window = 100;
+  c.max_context = 400;
+  c.plan = given_plan(2, 4, 32, true);
+  run_case(c, 42);
+  c.window = 0;
+  c.cache = GgmlType::F16;
+  c.plan = given_plan(2, 13, 32, true);
+  run_case(c, 43);
+}
+
+// Eight query heads per block (head size 128), four of head size 256, one of head size 64.
+TEST(CudaDecodeAttention, ClusterMergeWideAndNarrowHeadGroups) {
+  KILN_REQUIRE_CLUSTERS();
+  AttnCase wide{128, 16, 2, GgmlType::F16, {200, 33}};
+  wide.max_context = 320;
+  wide.plan = given_plan(8, 10, 32, true);
+  run_case(wide, 44);
+  AttnCase big{256, 8, 1, GgmlType::F32, {250, 0, 129}};
+  big.max_context = 256;
+  big.sinks = true;
+  big.plan = given_plan(4, 8, 32, true);
+  run_case(big, 45);
+  AttnCase single{64, 8, 8, GgmlType::F16, {700, 64}};
+  single.max_context = 1024;
+  single.plan = given_plan(1, 16, 64, true);
+  run_case(single, 46);
+}
+
+// The short-span plan: ranges of 32 keys, 2 heads per block, merged by the second kernel,
+// which reads only the ranges that hold keys; with sinks and a window too.
+TEST(CudaDecodeAttention, SecondKernelMergesShortRanges) {
+  KILN_REQUIRE_GPU();
+  AttnCase c{128, 32, 8, GgmlType::F16, {0, 40, 255, 130}};
+  c.max_context = 256;
+  c.plan = given_plan(2, 8, 32, false);
+  run_case(c, 47);
+  AttnCase w{64, 12, 2, GgmlType::F32, {3, 90, 249}};
+  w.sinks = true;
+  w.window = 50;
+  w.max_context = 250;
+  w.plan = given_plan(2, 2, 32, false);
+  run_case(w, 48);
+}
+
+// What plan_decode_attention() picks for one Llama-3-8B token (32 query heads over 8 kv
+// heads of 128) as the planned context grows (attention.cu names the three regimes).
+TEST(CudaDecodeAttention, PlanRegimes) {
+  DecodeAttentionArgs a;
+  a.n_seq = 1, a.n_head = 32, a.n_head_kv = 8, a.head_dim = 128;
+  const bool clusters = decode_attention_clusters_available();
+  struct Want {
+    int context, heads, n_splits, keys;
+    bool cluster;
+  };
+  const Want wants[] = {
+      {100, 2, 4, 32, false},   {256, 2, 8, 32, false},
+      {512, 4, 16, 32, true},   {1024, 4, 16, 64, true},
+      {2048, 4, 16, 128, true}, {4096, 4, 64, 64, false},
+      {40000, 4, 79, 512, false},
+  };
+  for (Want w : wants) {
+    SCOPED_TRACE("context " + std::to_string(w.context));
+    if (w.cluster && !clusters) {  // the second kernel's plan instead
+      w.keys = std::max(64, (w.context / 66 + 31) / 32 * 32);
+      w.n_splits = (w.context + w.keys - 1) / w.keys;
+    }
+    a.max_context = w.context;
+    const DecodeAttentionPlan p = plan_decode_attention(a);
+    EXPECT_EQ(p.heads_per_block, w.heads);
+    EXPECT_EQ(p.n_splits, w.n_splits);
+    EXPECT_EQ(p.keys_per_split, w.keys);
+    EXPECT_EQ(p.cluster, w.cluster && clusters);
+  }
+}
+
+// A plan that leaves keys out, or a cluster too large, is refused before any launch.
+TEST(CudaDecodeAttention, RefusesPlansThatDoNotFit) {
+  DecodeAttentionArgs a;
+  a.n_seq = 1, a.n_head = 32, a.n_head_kv = 8, a.head_dim = 128, a.max_context = 1000, a.block_size = 16;
+  alignas(16) int dummy[4];
+  a.q = reinterpret_cast<const float*>(dummy), a.k_cache = dummy, a.v_cache = dummy, a.out = reinterpret_cast<float*>(dummy);
+  a.block_tables = dummy, a.positions = dummy;
+  const Status short_plan = decode_attention(a, given_plan(4, 8, 64, false), nullptr, 0, nullptr);
+  EXPECT_FALSE(short_plan.ok());
+  EXPECT_NE(short_plan.message().find("does not cover 1000 keys"), std::string::npos) << short_plan.message();
+  const Status big = decode_attention(a, given_plan(4, 17, 64, true), nullptr, 0, nullptr);
+  EXPECT_FALSE(big.ok());
+  EXPECT_NE(big.message().find("a cluster of 17 ranges"), std::string::npos) << big.message();
+  const Status heads = decode_attention(a, given_plan(8, 16, 64, false), nullptr, 0, nullptr);
+  EXPECT_FALSE(heads.ok());
+  EXPECT_NE(heads.message().find("8 heads per block for groups of 4"), std::string::npos) << heads.message();
 }
 
 TEST(CudaDecodeAttention, RefusesUnsupportedHeadDim) {

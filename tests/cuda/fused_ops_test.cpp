@@ -246,43 +246,49 @@ TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
   }
 }
 
-// Decode attention whose key range is split leaves the int8 copy of its output (written by
-// the kernel that merges the ranges) for the next product: the product over it must equal
-// the product that quantizes the output afresh, bit for bit.
+// Decode attention whose key range is split leaves the int8 copy of its output (written
+// where the ranges merge) for the next product: the product over it must equal the product
+// that quantizes the output afresh, bit for bit.
 TEST_F(FusedOps, AttentionInt8CopyMatchesQuantizingAgain) {
-  const int n_head = 8, n_kv = 2, head_dim = 128, block = 16, max_blocks = 32;
-  const std::vector<int32_t> positions = {300, 149};  // long enough to split the key range
-  const int64_t T = int64_t(positions.size()), width = int64_t(n_kv) * head_dim;
-  const int64_t n_slots = int64_t(max_blocks) * block * T;
-  std::vector<int32_t> tables(size_t(max_blocks * T)), rows, slots;
-  for (size_t i = 0; i < tables.size(); ++i) tables[i] = int32_t((i * 7 + 3) % tables.size());  // scattered
-  for (int64_t t = 0; t < T; ++t) {
-    rows.push_back(int32_t(t));
-    const int p = positions[size_t(t)];
-    slots.push_back(tables[size_t(t * max_blocks + p / block)] * block + p % block);
-  }
-  for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {
-    SCOPED_TRACE(std::string(type_name(cache_type)) + " cache");
-    KvLayer cache;
-    cache.block_size = block;
-    cache.k = nan_cache(cache_type, width, n_slots), cache.v = nan_cache(cache_type, width, n_slots);
-    // Every slot gets values (kv_store rounds them for an f16 cache).
-    std::vector<int32_t> every_slot(static_cast<size_t>(n_slots));
-    for (int64_t i = 0; i < n_slots; ++i) every_slot[size_t(i)] = int32_t(i);
-    gpu_->kv_store(random({width, n_slots}), random({width, n_slots}), cache, ints(every_slot));
-    BatchIndex batch{ints(positions), ints(rows), ints(slots), Tensor{}, positions[0]};
-    buffers_.push_back(gpu_->allocate(tables.size() * 4));
-    batch.block_tables = buffers_.back()->view(GgmlType::I32, {max_blocks, T});
-    gpu_->upload(tables.data(), batch.block_tables, tables.size() * 4);
-    AttentionParams p;
-    p.n_head = n_head, p.n_head_kv = n_kv, p.head_dim_k = head_dim, p.head_dim_v = head_dim;
-    p.scale = 0.09f;
-    Tensor q = random({int64_t(n_head) * head_dim, T}), out = poisoned(int64_t(n_head) * head_dim, T);
-    const Tensor w = weight(GgmlType::Q4_0, int64_t(n_head) * head_dim, 96), none;
-    Tensor y = poisoned(96, T);
-    gpu_->attention(q, cache, batch, p, out);
-    gpu_->matmul(out, w, none, y);
-    EXPECT_TRUE(all_equal_bits(host(y), apart(out, w, none), "attention -> matmul"));
+  const int n_head = 8, n_kv = 2, head_dim = 128, block = 16;
+  // {200, 149}: 7 short ranges merged by the second kernel; {300, 149}: 10 ranges merged in
+  // a cluster (sm_90); {2500, 149}: in the second kernel (ranges too long for a cluster).
+  for (const int32_t longest : {200, 300, 2500}) {
+    SCOPED_TRACE("longest position " + std::to_string(longest));
+    const std::vector<int32_t> positions = {longest, 149};
+    const int max_blocks = (longest + block) / block;
+    const int64_t T = int64_t(positions.size()), width = int64_t(n_kv) * head_dim;
+    const int64_t n_slots = int64_t(max_blocks) * block * T;
+    std::vector<int32_t> tables(size_t(max_blocks * T)), rows, slots;
+    for (size_t i = 0; i < tables.size(); ++i) tables[i] = int32_t((i * 7 + 3) % tables.size());  // scattered
+    for (int64_t t = 0; t < T; ++t) {
+      rows.push_back(int32_t(t));
+      const int p = positions[size_t(t)];
+      slots.push_back(tables[size_t(t * max_blocks + p / block)] * block + p % block);
+    }
+    for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {
+      SCOPED_TRACE(std::string(type_name(cache_type)) + " cache");
+      KvLayer cache;
+      cache.block_size = block;
+      cache.k = nan_cache(cache_type, width, n_slots), cache.v = nan_cache(cache_type, width, n_slots);
+      // Every slot gets values (kv_store rounds them for an f16 cache).
+      std::vector<int32_t> every_slot(static_cast<size_t>(n_slots));
+      for (int64_t i = 0; i < n_slots; ++i) every_slot[size_t(i)] = int32_t(i);
+      gpu_->kv_store(random({width, n_slots}), random({width, n_slots}), cache, ints(every_slot));
+      BatchIndex batch{ints(positions), ints(rows), ints(slots), Tensor{}, positions[0]};
+      buffers_.push_back(gpu_->allocate(tables.size() * 4));
+      batch.block_tables = buffers_.back()->view(GgmlType::I32, {max_blocks, T});
+      gpu_->upload(tables.data(), batch.block_tables, tables.size() * 4);
+      AttentionParams p;
+      p.n_head = n_head, p.n_head_kv = n_kv, p.head_dim_k = head_dim, p.head_dim_v = head_dim;
+      p.scale = 0.09f;
+      Tensor q = random({int64_t(n_head) * head_dim, T}), out = poisoned(int64_t(n_head) * head_dim, T);
+      const Tensor w = weight(GgmlType::Q4_0, int64_t(n_head) * head_dim, 96), none;
+      Tensor y = poisoned(96, T);
+      gpu_->attention(q, cache, batch, p, out);
+      gpu_->matmul(out, w, none, y);
+      EXPECT_TRUE(all_equal_bits(host(y), apart(out, w, none), "attention -> matmul"));
+    }
   }
 }
 

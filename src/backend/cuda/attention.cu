@@ -1,46 +1,122 @@
 // Decode attention: argument checks, the split plan and the dispatch to the kernels of
 // attention_kernel.cuh (see attention.h for the contract).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/attention_kernel.cuh"
 
 namespace kiln::cuda {
-namespace detail {
+namespace {
 
-// Splits the key range into ranges of 64..kMaxSplitKeys keys, enough of them for about
-// kTargetBlocks blocks in all (4 blocks of 128 threads per SM fit the kernels' registers at
-// 4 heads per block; 132 SMs on an H100 / H200). Measured on the H200 (docs/perf-notes.md):
-// this beat ranges sized to fill waves of an assumed 3 blocks per SM.
-SplitPlan plan_splits(const DecodeAttentionArgs& a) {
-  SplitPlan plan;
+// Measurement switches, read once: KILN_CUDA_ATTN_CLUSTER=0 (no cluster merge: the second
+// kernel merges every split), KILN_CUDA_ATTN_PREFETCH=0 (no L2 prefetch before the wait).
+bool switched_off(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, "0") == 0;
+}
+
+int64_t round_up_32(int64_t n) { return (n + 31) / 32 * 32; }
+
+bool valid_shape(const DecodeAttentionArgs& a) {
+  return a.n_seq > 0 && a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 && a.max_context > 0;
+}
+
+// The keys one (sequence, head group) may see: the window, or the planned context.
+int64_t key_span(const DecodeAttentionArgs& a) {
+  return a.sliding_window > 0 && a.sliding_window < a.max_context ? a.sliding_window : a.max_context;
+}
+
+// The most query heads of one kv head a block can take, `at_most` or fewer (4 for head size
+// 256, registers allowing).
+int heads_per_block(const DecodeAttentionArgs& a, int at_most) {
   const int group = a.n_head / a.n_head_kv;
-  for (int h : {8, 4, 2, 1})
-    if (group % h == 0 && !(a.head_dim == 256 && h > 4)) {
-      plan.heads_per_block = h;
-      break;
-    }
-  const int64_t span = a.sliding_window > 0 && a.sliding_window < a.max_context ? a.sliding_window : a.max_context;
-  const int64_t base_blocks = int64_t(a.n_seq) * (a.n_head / plan.heads_per_block);
-  const int64_t wanted = (kTargetBlocks + base_blocks - 1) / base_blocks;
-  int64_t keys = (span + wanted - 1) / wanted;
-  keys = std::clamp<int64_t>((keys + 31) / 32 * 32, 64, kMaxSplitKeys);
-  plan.keys_per_split = int(keys);
-  plan.n_splits = int((span + keys - 1) / keys);
+  for (int h : {8, 4, 2})
+    if (h <= at_most && group % h == 0 && !(a.head_dim == 256 && h > 4)) return h;
+  return 1;
+}
+
+// Ranges per head group that give about kTargetBlocks blocks in all (4 blocks of 128 threads
+// per SM fit the kernels' registers at 4 heads per block; 132 SMs on an H100 / H200).
+int64_t ranges_wanted(const DecodeAttentionArgs& a, int heads) {
+  const int64_t base_blocks = int64_t(a.n_seq) * (a.n_head / heads);
+  return (detail::kTargetBlocks + base_blocks - 1) / base_blocks;
+}
+
+// `span` keys in ranges of `keys` (rounded up to 32, at least `min_keys`).
+DecodeAttentionPlan ranges_of(int heads, int64_t span, int64_t keys, int64_t min_keys) {
+  DecodeAttentionPlan plan;
+  plan.heads_per_block = heads;
+  plan.keys_per_split = int(std::max(round_up_32(keys), min_keys));
+  plan.n_splits = int((span + plan.keys_per_split - 1) / plan.keys_per_split);
   return plan;
 }
 
-}  // namespace detail
+}  // namespace
 
-size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& a) {
-  if (a.n_seq <= 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.max_context <= 0)
-    return 0;
-  const detail::SplitPlan plan = detail::plan_splits(a);
-  if (plan.n_splits == 1) return 0;
+// Thread block clusters need sm_90 (the current device's, asked once).
+bool decode_attention_clusters_available() {
+  static const bool available = [] {
+    if (switched_off("KILN_CUDA_ATTN_CLUSTER")) return false;
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();  // no device: leave no sticky error behind
+      return false;
+    }
+    return major >= 9;
+  }();
+  return available;
+}
+
+// Three regimes, from the chained decode graph on the H200 (docs/perf-notes.md, v9):
+//  - short spans: at most 2 query heads per block and ranges of 32 keys (one step of the key
+//    loop), merged by combine_kernel, when that takes at most kShortPlanSplits ranges.
+//    Measured at contexts 1..128: smaller blocks and one key step won, and a cluster merge of
+//    4 ranges cost 1.8 us per layer more than the second kernel;
+//  - up to kMaxClusterSplits ranges of at most kMaxClusterKeys keys (sm_90): merged in a
+//    cluster. Over contexts 1..1024 this beat the second kernel, whose serial loop over the
+//    ranges grows with their number;
+//  - longer: ranges of 64..kMaxSplitKeys keys for about kTargetBlocks blocks, merged by
+//    combine_kernel (this beat ranges sized to fill waves of an assumed 3 blocks per SM).
+DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& a) {
+  constexpr int kShortPlanSplits = 8;
+  static const bool prefetch = !switched_off("KILN_CUDA_ATTN_PREFETCH");
+  DecodeAttentionPlan plan;
+  if (valid_shape(a)) {  // else decode_attention() refuses the arguments
+    const int64_t span = key_span(a);
+    const int narrow = heads_per_block(a, 2), wide = heads_per_block(a, 8);
+    const int64_t short_ranges = ranges_wanted(a, narrow), wide_ranges = ranges_wanted(a, wide);
+    plan = ranges_of(narrow, span, (span + short_ranges - 1) / short_ranges, 32);
+    if (plan.n_splits > kShortPlanSplits) {
+      const int64_t in_cluster = std::min<int64_t>(wide_ranges, kMaxClusterSplits);
+      plan = ranges_of(wide, span, (span + in_cluster - 1) / in_cluster, 32);
+      plan.cluster = decode_attention_clusters_available() && plan.keys_per_split <= detail::kMaxClusterKeys &&
+                     plan.n_splits <= kMaxClusterSplits;
+      if (!plan.cluster)
+        plan = ranges_of(wide, span, std::min<int64_t>((span + wide_ranges - 1) / wide_ranges, detail::kMaxSplitKeys), 64);
+    }
+  }
+  plan.prefetch = prefetch;
+  return plan;
+}
+
+size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan) {
+  if (!valid_shape(a) || plan.n_splits <= 1 || plan.cluster) return 0;
   return size_t(a.n_seq) * a.n_head * plan.n_splits * (a.head_dim + 2) * sizeof(float);
 }
 
+size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& a) {
+  return decode_attention_scratch_bytes(a, plan_decode_attention(a));
+}
+
 Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  return decode_attention(a, plan_decode_attention(a), scratch, scratch_bytes, stream);
+}
+
+Status decode_attention(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream) {
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)
     return Status::invalid("decode_attention: head_dim " + std::to_string(a.head_dim) + " is not supported; supported: 64 128 256");
   if (a.cache_type != GgmlType::F16 && a.cache_type != GgmlType::F32)
@@ -58,8 +134,19 @@ Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scra
   if (reinterpret_cast<uintptr_t>(a.k_cache) % 16 || reinterpret_cast<uintptr_t>(a.v_cache) % 16 ||
       (a.k_slot_stride * elem) % 16 || (a.v_slot_stride * elem) % 16)
     return Status::invalid("decode_attention: cache rows must be 16-byte aligned (base and slot stride)");
-  const detail::SplitPlan plan = detail::plan_splits(a);
-  const size_t need = decode_attention_scratch_bytes(a);
+  const int group = a.n_head / a.n_head_kv, h = plan.heads_per_block;
+  if ((h != 1 && h != 2 && h != 4 && h != 8) || group % h != 0 || (a.head_dim == 256 && h > 4))
+    return Status::invalid("decode_attention: plan of " + std::to_string(h) + " heads per block for groups of " +
+                           std::to_string(group) + " (head_dim " + std::to_string(a.head_dim) + ")");
+  if (plan.n_splits < 1 || plan.n_splits > 65535 || plan.keys_per_split < 1 ||
+      int64_t(plan.n_splits) * plan.keys_per_split < key_span(a))
+    return Status::invalid("decode_attention: plan of " + std::to_string(plan.n_splits) + " ranges of " +
+                           std::to_string(plan.keys_per_split) + " keys does not cover " +
+                           std::to_string(key_span(a)) + " keys");
+  if (plan.cluster && (plan.n_splits > kMaxClusterSplits || !decode_attention_clusters_available()))
+    return Status::invalid("decode_attention: a cluster of " + std::to_string(plan.n_splits) +
+                           " ranges (at most " + std::to_string(kMaxClusterSplits) + ", sm_90)");
+  const size_t need = decode_attention_scratch_bytes(a, plan);
   if (a.out_q8 && (reinterpret_cast<uintptr_t>(a.out_q8) % 16 || a.out_q8_row_bytes % 16 ||
                    (int64_t(a.n_head) * a.head_dim) % 32))
     return Status::invalid("decode_attention: the int8 copy needs 16-byte aligned rows of a multiple of 32 values");

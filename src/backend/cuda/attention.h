@@ -12,8 +12,13 @@
 // (f16 or f32); position j of sequence s lives in slot
 //   block_tables[s * block_table_stride + j / block_size] * block_size + j % block_size.
 //
-// Long contexts are split across blocks (flash-decoding): each block reduces a range of keys
-// to (max, sum, unnormalized output) in `scratch`, and a second kernel combines the ranges.
+// The key range is split across blocks (flash-decoding): each block reduces a range of keys
+// to (max, sum, unnormalized output). The ranges then merge either in the same kernel, as
+// the blocks of one thread block cluster (sm_90, up to kMaxClusterSplits ranges), through
+// distributed shared memory, or through records in `scratch` that a second kernel combines;
+// the plan (below) says which.
+// positions, block_tables and table_rows are read before waiting for the kernel launched
+// just before (launch.cuh): they must come from earlier work (uploads), not from that kernel.
 // Arithmetic in f32 (exp by expf): expect ~1e-6 relative error against a double reference.
 // With an f16 cache the query is rounded to f16 as well (the reference must round it too).
 #include <cuda_runtime_api.h>
@@ -48,16 +53,34 @@ struct DecodeAttentionArgs {
   const float* sinks = nullptr;   // [n_head] or null
   float* out = nullptr;           // [n_seq][n_head * head_dim]
   int64_t out_stride = 0;
-  // Optional, used when the key range is split (scratch bytes > 0): the output's int8 copy
-  // for the next product, in quantize_q8's layout (q8_vector_in of out_q8 + s * row bytes),
-  // written by the kernel that merges the ranges. n_head * head_dim a multiple of 32.
+  // Optional, used when the key range is split (plan_decode_attention(args).n_splits > 1):
+  // the output's int8 copy for the next product, in quantize_q8's layout (q8_vector_in of
+  // out_q8 + s * row bytes), written where the ranges merge. n_head * head_dim a multiple
+  // of 32.
   uint8_t* out_q8 = nullptr;
   int64_t out_q8_row_bytes = 0;
 };
 
-// Scratch bytes decode_attention() needs for these arguments (0 when no split is needed).
+// How the key range is split and merged. plan_decode_attention() picks one (see there);
+// tests and benchmarks may pass their own to the overloads below, which check it.
+inline constexpr int kMaxClusterSplits = 16;  // blocks of one cluster (non-portable size above 8)
+struct DecodeAttentionPlan {
+  int heads_per_block = 1;  // query heads (of one kv head) per block: 1, 2, 4 or 8 (4 at head size 256)
+  int n_splits = 1;         // key ranges per (sequence, head group), each of keys_per_split keys
+  int keys_per_split = 0;
+  bool cluster = false;     // the ranges merge inside a thread block cluster, not in a second kernel
+  bool prefetch = true;     // the blocks ask L2 for their K/V rows before waiting for the kernel before
+};
+DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& args);
+// Whether plans may merge in clusters here: an sm_90 device, and KILN_CUDA_ATTN_CLUSTER not 0.
+bool decode_attention_clusters_available();
+
+// Scratch bytes decode_attention() needs for these arguments (0 when no second kernel runs).
 size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& args);
+size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& args, const DecodeAttentionPlan& plan);
 
 Status decode_attention(const DecodeAttentionArgs& args, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+Status decode_attention(const DecodeAttentionArgs& args, const DecodeAttentionPlan& plan, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace kiln::cuda

@@ -2,5 +2,5 @@
 #include "backend/cuda/attention_kernel.cuh"
 
 namespace kiln::cuda::detail {
-template Status launch_head_dim<256>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
+template Status launch_head_dim<256>(const DecodeAttentionArgs&, const DecodeAttentionPlan&, float*, cudaStream_t);
 }  // namespace kiln::cuda::detail

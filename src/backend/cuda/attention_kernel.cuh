@@ -7,8 +7,20 @@
 // share a key, each reading 8 elements of its K and V rows with 16-byte loads (several keys
 // in flight), reduce the partial q.k with warp shuffles, and fold the key into a running
 // softmax (online: max, sum, unnormalized output). The groups' states merge through
-// shuffles and shared memory. One range: the block writes the normalized output. Several:
-// it writes (max, sum, unnormalized output) and combine_kernel merges the ranges.
+// shuffles and shared memory. One range: the block writes the normalized output. Several
+// ranges merge
+//   - in a thread block cluster (kCluster, the ranges of one head group are its blocks):
+//     each block leaves its state in its shared memory, and after a cluster barrier the
+//     blocks with keys each finish a share of the outputs, reading every range's state
+//     through distributed shared memory (merge_in_cluster); or
+//   - through (max, sum, unnormalized output) records in global memory, which
+//     combine_kernel merges.
+// Before waiting for the kernel before it (launch.cuh), a block reads its token's position
+// and block table (uploads) and asks L2 for the K and V rows of its keys, so that the loads
+// after the wait find them there. A block whose range holds none of its token's keys waits
+// for nothing: it leaves at once, or in a cluster only joins the barriers.
+#include <cooperative_groups.h>
+
 #include <type_traits>
 
 #include "backend/cuda/attention.h"
@@ -17,16 +29,21 @@
 
 namespace kiln::cuda::detail {
 
-
 inline constexpr int kAttnThreads = 128;
+inline constexpr int kAttnWarps = kAttnThreads / kWarpSize;
 inline constexpr int kMaxSplitKeys = 512;      // keys one block handles at most
+inline constexpr int kMaxClusterKeys = 128;    // ... in a cluster plan (longer: more blocks, second kernel)
+// (plan_decode_attention in attention.cu picks the ranges; kMaxClusterSplits in attention.h)
 inline constexpr int kTargetBlocks = 4 * 132;  // blocks the split plan aims at (132 SMs)
 
-struct SplitPlan {
-  int heads_per_block = 1;
-  int n_splits = 1;
-  int keys_per_split = 0;
-};
+// Asks L2 for `bytes` (a multiple of 16) from the 16-byte aligned global address p (sm_90
+// bulk prefetch; no registers, no wait, no effect on what later loads read).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(__cvta_generic_to_global(p)), "r"(bytes)
+               : "memory");
+#endif
+}
 
 template <typename KV>
 __device__ __forceinline__ void load8(const KV* p, float* v);
@@ -62,30 +79,108 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float (&acc)[8],
   m = mx;
 }
 
-template <int D, typename KV, int kHeads, bool kSoftcap>
+// Where value e of sequence seq's output row goes in its int8 copy (out_q8): the calling
+// warp holds 32 consecutive values, one int8 block, one per lane.
+__device__ __forceinline__ void store_q8_piece(const DecodeAttentionArgs& a, int seq, int64_t e, float value) {
+  const int64_t n = int64_t(a.n_head) * a.head_dim;
+  uint8_t* row = a.out_q8 + int64_t(seq) * a.out_q8_row_bytes;
+  const float v[1] = {value};
+  quantize_block_spread<kWarpSize, 1>(v, reinterpret_cast<int8_t*>(row) + e,
+                                      reinterpret_cast<float2*>(row + (n + 15) / 16 * 16) + e / 32);
+}
+
+// The key ranges that hold keys of sequence seq's token (ranges past its position are empty).
+__device__ __forceinline__ int ranges_with_keys(const DecodeAttentionArgs& a, int pos, int keys_per_split,
+                                                int n_splits) {
+  const int first = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) : 0;
+  return min(n_splits, (pos - first + keys_per_split) / keys_per_split);
+}
+
+// The ranges of one (sequence, head group) are the blocks of one cluster, rank = range. Each
+// block with keys has left, per head, (max, sum) in ml_s and its unnormalized output in
+// part_s. The blocks with keys (ranks 0 .. n_active - 1) then share the kHeads * D outputs
+// out in pieces of 32 (a warp's), each lane merging one output over the ranges with keys
+// (rescaled to their common maximum; the sink joins the maximum and the denominator). Every
+// block of the cluster calls this: both barriers count all of them.
+template <int D, int kHeads>
+__device__ void merge_in_cluster(const DecodeAttentionArgs& a, int seq, int head0, int n_active, float* part_s,
+                                 float* ml_s) {
+  namespace cg = cooperative_groups;
+  constexpr int kPieces = kHeads * D / kWarpSize;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every range's state is in place (release / acquire over the cluster)
+  const int rank = int(cluster.block_rank()), warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (rank < n_active) {
+    for (int piece = rank * kAttnWarps + warp; piece < kPieces; piece += n_active * kAttnWarps) {
+      const int i = piece * kWarpSize + lane, h = i / D, head = head0 + h;
+      // All ranges' values requested at once (distributed shared memory), then merged.
+      float mr[kMaxClusterSplits], lr[kMaxClusterSplits], vr[kMaxClusterSplits];
+#pragma unroll
+      for (int r = 0; r < kMaxClusterSplits; ++r) {
+        mr[r] = -INFINITY, lr[r] = 0.0f, vr[r] = 0.0f;
+        if (r < n_active) {
+          const float* ml = cluster.map_shared_rank(ml_s, r);
+          mr[r] = ml[2 * h], lr[r] = ml[2 * h + 1], vr[r] = cluster.map_shared_rank(part_s, r)[i];
+        }
+      }
+      float m = a.sinks ? a.sinks[head] : -INFINITY;
+#pragma unroll
+      for (int r = 0; r < kMaxClusterSplits; ++r) m = fmaxf(m, mr[r]);
+      float denom = a.sinks ? expf(a.sinks[head] - m) : 0.0f, sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kMaxClusterSplits; ++r)
+        if (r < n_active) {
+          const float w = expf(mr[r] - m);
+          denom += lr[r] * w;
+          sum += vr[r] * w;
+        }
+      const float value = sum / denom;
+      const int64_t e = int64_t(head0) * D + i;
+      a.out[int64_t(seq) * a.out_stride + e] = value;
+      if (a.out_q8) store_q8_piece(a, seq, e, value);
+    }
+  }
+  cluster.sync();  // no block leaves while another may still read its shared memory
+}
+
+template <int D, typename KV, int kHeads, bool kSoftcap, bool kCluster>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, float* __restrict__ partial) {
+    attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, bool prefetch, float* __restrict__ partial) {
   constexpr int kLanesPerKey = D / 8;
   constexpr int kKeyGroups = kAttnThreads / kLanesPerKey;
-  constexpr int kWarps = kAttnThreads / kWarpSize;
   constexpr int kUnroll = kHeads >= 8 ? 2 : 4;  // keys per group and step (registers allowing)
   __shared__ __align__(16) float q_s[kHeads][D];
-  __shared__ float red_s[kWarps][kHeads][D];
-  __shared__ float stat_s[kWarps][kHeads][2];
+  __shared__ float red_s[kAttnWarps][kHeads][D];  // in a cluster, red_s[0] then holds the block's output
+  __shared__ float stat_s[kAttnWarps][kHeads][2];
+  __shared__ float ml_s[kHeads][2];  // in a cluster: the block's (max, sum) per head
 
-  begin_chained_kernel();
   const int seq = blockIdx.x, head0 = blockIdx.y * kHeads, split = blockIdx.z;
   const int kv_head = head0 / (a.n_head / a.n_head_kv);
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int group = tid / kLanesPerKey, c = tid % kLanesPerKey;
+  // Positions and block tables are uploads (attention.h): read before the wait.
   const int pos = a.positions[seq];
   const int first = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) : 0;
   const int k0 = first + split * keys_per_split;
   const int n_keys = max(0, min(keys_per_split, pos + 1 - k0));
   const int64_t table_row = a.table_rows ? a.table_rows[seq] : seq;
   const int32_t* table = a.block_tables + table_row * a.block_table_stride;
-  const KV* k_base = static_cast<const KV*>(a.k_cache) + int64_t(kv_head) * D + 8 * c;
-  const KV* v_base = static_cast<const KV*>(a.v_cache) + int64_t(kv_head) * D + 8 * c;
+  const KV* k_head = static_cast<const KV*>(a.k_cache) + int64_t(kv_head) * D;
+  const KV* v_head = static_cast<const KV*>(a.v_cache) + int64_t(kv_head) * D;
+  if (prefetch)
+    for (int j = tid; j < n_keys; j += kAttnThreads) {
+      const int64_t slot = slot_of(a, table, k0 + j);
+      prefetch_l2(k_head + slot * a.k_slot_stride, D * sizeof(KV));
+      prefetch_l2(v_head + slot * a.v_slot_stride, D * sizeof(KV));
+    }
+  if (n_keys == 0) {  // nothing of this token here: needs no input, leaves nothing to merge
+    allow_next_kernel();
+    if constexpr (kCluster) merge_in_cluster<D, kHeads>(a, seq, head0, 0, &red_s[0][0][0], &ml_s[0][0]);
+    return;
+  }
+  begin_chained_kernel();
+  const KV* k_base = k_head + 8 * c;
+  const KV* v_base = v_head + 8 * c;
 
   // An f16 cache takes an f16 query (as llama.cpp's flash attention and the CPU backend):
   // the products are then exact and only the f32 sums round.
@@ -94,7 +189,6 @@ __global__ void __launch_bounds__(kAttnThreads)
     q_s[i / D][i % D] = std::is_same_v<KV, __half> ? __half2float(__float2half_rn(qv)) : qv;
   }
   __syncthreads();
-
   // Each key group keeps a running softmax state per head over its keys: max m, sum l and
   // the unnormalized output (8 dims per lane). Loop bounds are uniform over the block so
   // that every lane takes part in the shuffles; keys past the range count as -inf.
@@ -180,17 +274,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int h = i / D, d = i % D, head = head0 + h;
     float mt = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, stat_s[w][h][0]);
+    for (int w = 0; w < kAttnWarps; ++w) mt = fmaxf(mt, stat_s[w][h][0]);
     float lt = 0.0f, sum = 0.0f;
     if (mt != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kAttnWarps; ++w) {
         const float f = expf(stat_s[w][h][0] - mt);  // 0 for a warp without keys
         lt += stat_s[w][h][1] * f;
         sum += red_s[w][h][d] * f;
       }
     }
-    if (n_splits == 1) {
+    if constexpr (kCluster) {
+      red_s[0][h][d] = sum;  // element (h, d) is read and written by this thread alone here
+      if (d == 0) ml_s[h][0] = mt, ml_s[h][1] = lt;
+    } else if (n_splits == 1) {
       // The sink joins the normalization: rescale to the larger of the two maxima.
       float scale_acc = 1.0f, denom = lt;
       if (a.sinks) {
@@ -206,53 +303,65 @@ __global__ void __launch_bounds__(kAttnThreads)
       if (d == 0) rec[0] = mt, rec[1] = lt;
     }
   }
+  if constexpr (kCluster)
+    merge_in_cluster<D, kHeads>(a, seq, head0, ranges_with_keys(a, pos, keys_per_split, n_splits), &red_s[0][0][0],
+                                &ml_s[0][0]);
 }
 
-// Merges the key ranges of one (sequence, head): rescales each to the common maximum.
+// Merges the key ranges of one (sequence, head) that hold keys: rescales each to the common
+// maximum.
 template <int D>
-__global__ void __launch_bounds__(D) combine_kernel(DecodeAttentionArgs a, int n_splits, const float* __restrict__ partial) {
-  begin_chained_kernel();
+__global__ void __launch_bounds__(D)
+    combine_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, const float* __restrict__ partial) {
   const int seq = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+  const int n_active = ranges_with_keys(a, a.positions[seq], keys_per_split, n_splits);  // an upload: before the wait
+  begin_chained_kernel();
   const float* recs = partial + (int64_t(seq) * a.n_head + head) * n_splits * (D + 2);
   float m = a.sinks ? a.sinks[head] : -INFINITY;
-  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, recs[s * (D + 2)]);
+  for (int s = 0; s < n_active; ++s) m = fmaxf(m, recs[s * (D + 2)]);
   float denom = a.sinks ? expf(a.sinks[head] - m) : 0.0f, sum = 0.0f;
-  for (int s = 0; s < n_splits; ++s) {
+  for (int s = 0; s < n_active; ++s) {
     const float* rec = recs + s * (D + 2);
-    if (rec[1] == 0.0f) continue;  // an empty range (max -inf)
     const float w = expf(rec[0] - m);
     denom += rec[1] * w;
     sum += rec[2 + d] * w;
   }
   const float value = sum / denom;
-  a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = value;
-  if (a.out_q8) {  // a warp holds 32 consecutive outputs: one int8 block of the copy
-    const int64_t n = int64_t(a.n_head) * D, e = int64_t(head) * D + d;
-    uint8_t* row = a.out_q8 + int64_t(seq) * a.out_q8_row_bytes;
-    const float v[1] = {value};
-    quantize_block_spread<kWarpSize, 1>(v, reinterpret_cast<int8_t*>(row) + e,
-                                        reinterpret_cast<float2*>(row + (n + 15) / 16 * 16) + e / 32);
-  }
+  const int64_t e = int64_t(head) * D + d;
+  a.out[int64_t(seq) * a.out_stride + e] = value;
+  if (a.out_q8) store_q8_piece(a, seq, e, value);  // a warp holds 32 consecutive outputs
 }
 
-template <int D, typename KV, int kHeads>
-Status launch_heads(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
+template <int D, typename KV, int kHeads, bool kSoftcap>
+Status launch_ranges(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, float* partial,
+                     cudaStream_t stream) {
   const dim3 grid(unsigned(a.n_seq), unsigned(a.n_head / kHeads), unsigned(plan.n_splits));
-  if (a.softcap > 0.0f)
-    launch_chained(attention_kernel<D, KV, kHeads, true>, grid, kAttnThreads, 0, stream, a, plan.keys_per_split,
-                   plan.n_splits, partial);
-  else
-    launch_chained(attention_kernel<D, KV, kHeads, false>, grid, kAttnThreads, 0, stream, a, plan.keys_per_split,
-                   plan.n_splits, partial);
+  if (plan.cluster) {
+    const auto kernel = attention_kernel<D, KV, kHeads, kSoftcap, true>;
+    // Clusters above the portable 8 blocks: allowed once for each kernel (this instantiation).
+    static const cudaError_t large = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (large != cudaSuccess) return Status::from_cuda(large, "decode_attention: clusters of up to 16 blocks");
+    launch_chained_in_clusters(kernel, grid, dim3(1, 1, unsigned(plan.n_splits)), kAttnThreads, 0, stream, a,
+                               plan.keys_per_split, plan.n_splits, plan.prefetch, partial);
+    return launch_status("attention_kernel (ranges merged in a cluster)");
+  }
+  launch_chained(attention_kernel<D, KV, kHeads, kSoftcap, false>, grid, kAttnThreads, 0, stream, a,
+                 plan.keys_per_split, plan.n_splits, plan.prefetch, partial);
   if (Status s = launch_status("attention_kernel"); !s.ok()) return s;
   if (plan.n_splits == 1) return Status();
-  launch_chained(combine_kernel<D>, dim3(unsigned(a.n_seq), unsigned(a.n_head)), D, 0, stream, a, plan.n_splits,
-                 partial);
+  launch_chained(combine_kernel<D>, dim3(unsigned(a.n_seq), unsigned(a.n_head)), D, 0, stream, a,
+                 plan.keys_per_split, plan.n_splits, partial);
   return launch_status("attention combine_kernel");
 }
 
+template <int D, typename KV, int kHeads>
+Status launch_heads(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, float* partial, cudaStream_t stream) {
+  if (a.softcap > 0.0f) return launch_ranges<D, KV, kHeads, true>(a, plan, partial, stream);
+  return launch_ranges<D, KV, kHeads, false>(a, plan, partial, stream);
+}
+
 template <int D, typename KV>
-Status launch_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
+Status launch_dim(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, float* partial, cudaStream_t stream) {
   switch (plan.heads_per_block) {
     case 1: return launch_heads<D, KV, 1>(a, plan, partial, stream);
     case 2: return launch_heads<D, KV, 2>(a, plan, partial, stream);
@@ -265,12 +374,13 @@ Status launch_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* pa
 
 // Launches for one head size, both cache types (explicitly instantiated per head size).
 template <int D>
-Status launch_head_dim(const DecodeAttentionArgs& a, const SplitPlan& plan, float* partial, cudaStream_t stream) {
+Status launch_head_dim(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, float* partial,
+                       cudaStream_t stream) {
   if (a.cache_type == GgmlType::F16) return launch_dim<D, __half>(a, plan, partial, stream);
   return launch_dim<D, float>(a, plan, partial, stream);
 }
-extern template Status launch_head_dim<64>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
-extern template Status launch_head_dim<128>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
-extern template Status launch_head_dim<256>(const DecodeAttentionArgs&, const SplitPlan&, float*, cudaStream_t);
+extern template Status launch_head_dim<64>(const DecodeAttentionArgs&, const DecodeAttentionPlan&, float*, cudaStream_t);
+extern template Status launch_head_dim<128>(const DecodeAttentionArgs&, const DecodeAttentionPlan&, float*, cudaStream_t);
+extern template Status launch_head_dim<256>(const DecodeAttentionArgs&, const DecodeAttentionPlan&, float*, cudaStream_t);
 
 }  // namespace kiln::cuda::detail

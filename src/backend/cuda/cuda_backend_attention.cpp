@@ -209,10 +209,11 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   a.out = out.as<float>(), a.out_stride = int64_t(out.nb[1] / 4);
   const size_t need = cuda::decode_attention_scratch_bytes(a);
   void* sp = need ? scratch(attention_scratch_, need) : nullptr;
-  // Split ranges are merged by a kernel that can also leave the output's int8 copy for the
-  // o product (which then need not quantize it in every block).
+  // Where split ranges merge (a cluster or a second kernel), the output's int8 copy for the
+  // o product is left too (which then need not quantize it in every block).
   const int64_t cols = int64_t(p.n_head) * p.head_dim_v;
-  uint8_t* q8 = need ? q8_for_next_matmul(cols, T, &a.out_q8_row_bytes) : nullptr;
+  const bool merged = cuda::plan_decode_attention(a).n_splits > 1;
+  uint8_t* q8 = merged ? q8_for_next_matmul(cols, T, &a.out_q8_row_bytes) : nullptr;
   a.out_q8 = q8;
   sig.v(a.max_context);
   sig.v(q8);

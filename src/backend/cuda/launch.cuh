@@ -40,4 +40,26 @@ cudaError_t launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, siz
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// launch_chained() with the grid cut into thread block clusters of `cluster` blocks (sm_90;
+// sizes above 8 need cudaFuncAttributeNonPortableClusterSizeAllowed set on the kernel).
+template <typename... Params, typename... Args>
+cudaError_t launch_chained_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block,
+                                       size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = cluster.x;
+  attributes[0].val.clusterDim.y = cluster.y;
+  attributes[0].val.clusterDim.z = cluster.z;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attributes;
+  config.numAttrs = chained_launches_enabled() ? 2 : 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 }  // namespace kiln::cuda
