@@ -22,10 +22,9 @@ Tensor build_attention(ForwardPass& pass, int il, const Tensor& x);
 // Gated FFN: down(act(gate(x)) * up(x)). Returns {n_embd, T} ("ffn_out").
 Tensor build_ffn(ForwardPass& pass, int il, const Tensor& x, const GluParams& act);
 
-// Routed experts: router logits, top-k choice, weighted sum of the experts' gated FFNs.
-// Returns {n_embd, T} ("ffn_moe_out").
-// Routed experts over x; with `residual`, also residual += the result (one op where the
-// backend can fold the add into the experts' kernels).
+// Routed experts over x: router logits, top-k choice, weighted sum of the experts' gated
+// FFNs. Returns {n_embd, T} ("ffn_moe_out"); with `residual`, also residual += the result
+// (one op, so that a backend can fold the add into the experts' kernels).
 Tensor build_moe(ForwardPass& pass, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act,
                  Tensor* residual = nullptr);
 // The same over normed = rmsnorm(x) * ffn_norm ("ffn_norm"), the norm and the routing as one
