@@ -207,17 +207,17 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   a.max_context = graphed ? cuda::attention_bucket(batch.max_position + 1, limit) : batch.max_position + 1;
   a.scale = p.scale, a.softcap = p.softcap, a.sliding_window = p.sliding_window, a.sinks = sinks;
   a.out = out.as<float>(), a.out_stride = int64_t(out.nb[1] / 4);
-  const size_t need = cuda::decode_attention_scratch_bytes(a);
+  const cuda::DecodeAttentionPlan plan = cuda::plan_decode_attention(a);
+  const size_t need = cuda::decode_attention_scratch_bytes(a, plan);
   void* sp = need ? scratch(attention_scratch_, need) : nullptr;
   // Where split ranges merge (a cluster or a second kernel), the output's int8 copy for the
   // o product is left too (which then need not quantize it in every block).
   const int64_t cols = int64_t(p.n_head) * p.head_dim_v;
-  const bool merged = cuda::plan_decode_attention(a).n_splits > 1;
-  uint8_t* q8 = merged ? q8_for_next_matmul(cols, T, &a.out_q8_row_bytes) : nullptr;
+  uint8_t* q8 = plan.n_splits > 1 ? q8_for_next_matmul(cols, T, &a.out_q8_row_bytes) : nullptr;
   a.out_q8 = q8;
   sig.v(a.max_context);
   sig.v(q8);
-  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, sp, need, s); }, "attention");
+  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, plan, sp, need, s); }, "attention");
   remember_q8(a.out, cols, T, a.out_stride, q8);
 }
 
