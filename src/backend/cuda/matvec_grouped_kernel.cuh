@@ -338,6 +338,10 @@ __global__ void __launch_bounds__(kGroupedThreads)
   const int first_task = blockIdx.x * kGroupedWarps + warp;
   const int my_tasks = first_task < tasks ? (tasks - first_task + warps_total - 1) / warps_total : 0;
   const int items = my_tasks * chunks;
+  // The rows of task t. Two formats: walked from the last task back, so that where there
+  // are more tasks than warps the warps taking a second task take the first part's rows and
+  // the later parts (a Q4_K_M layer's k and its heavier q6_K v) go to warps with one task.
+  auto first_row_of = [&](int t) { return (kTwoFormats ? tasks - 1 - t : t) * kSlots; };
 
   // Copies item i (task, chunk) into stage i % 2; always commits a group.
   auto issue = [&](int i) {
@@ -348,7 +352,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
       uint8_t* dst_stage = my_stages + size_t(i & 1) * kWarpSize * kG;
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
-        const int row = task * kSlots + s;
+        const int row = first_row_of(task) + s;
         if (row >= rows) break;
         int part, local;
         seg.locate(row, part, local);
@@ -393,7 +397,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
     __syncwarp();        // ... and every lane's
     const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
     const int group = chunk * kLanesPerRow + li;
-    const int row = task * kSlots + slot;
+    const int row = first_row_of(task) + slot;
     if (group < groups && row < rows) {
       const uint8_t* stage = my_stages + size_t(i & 1) * kWarpSize * kG + slot * kLanesPerRow * kG;  // this row's
       const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
