@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -129,6 +130,30 @@ inline std::vector<uint8_t> random_rows(std::mt19937_64& rng, GgmlType type, int
     }
   }
   return data;
+}
+
+// The CPU mirror of quantize_q8_kernel: the same f32 operations, so the same bytes.
+struct HostQ8 {
+  std::vector<int8_t> qs;
+  std::vector<float> d, s;
+};
+inline HostQ8 quantize_q8_host(const std::vector<float>& x) {
+  HostQ8 q;
+  q.qs.resize(x.size());
+  for (size_t b = 0; b < x.size() / 32; ++b) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * b + i]));
+    const float d = amax / 127.0f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int v = d == 0.0f ? 0 : int(std::round(x[32 * b + i] / d));
+      q.qs[32 * b + i] = int8_t(v);
+      sum += v;
+    }
+    q.d.push_back(d);
+    q.s.push_back(d * float(sum));
+  }
+  return q;
 }
 
 // got[i] within tol[i] of ref[i] for every i; NaN (an unwritten, poisoned element) never

@@ -44,8 +44,9 @@ TEST_F(FusedOps, MatmulPartsMatchSeparateMatmuls) {
 
 // Parts of different weight types (Q4_K_M: q4_K q/k with a q6_K v; also a q6_K part first and
 // last around another type) run as one launch per type: x quantized inside each launch, x
-// left by rmsnorm with its int8 copy (quantized once for all launches), the norm inside.
-// 2048 and 4096 columns fit the grouped q6_K kernel.
+// left by rmsnorm with its int8 copy (quantized once for all launches); with the norm inside,
+// q4_K with q6_K is one two-format launch (the k part's 33 rows: a task of two rows straddles
+// the k / v boundary). 2048 and 4096 columns fit the grouped q6_K kernel.
 TEST_F(FusedOps, MixedTypePartsMatchSeparateMatmuls) {
   constexpr float kEps = 1e-5f;
   const GgmlType orders[][3] = {{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},

@@ -3,7 +3,9 @@
 // the held products on their own), bit for bit: q, k, v, the normed input and both cache
 // slots; and the pass's table of rope angles followed when the positions change. Cases the
 // epilogue cannot take (NeoX rope, rows wider than 16 groups) must give the same values
-// through the unfused ops. recorded_ops() says whether the fusion ran.
+// through the unfused ops. recorded_ops() says whether the fusion ran. Q4_K_M's mix (q4_K
+// q/k, q6_K v) fuses through the two-format launch after rmsnorm (rmsnorm_matmul_parts) and
+// stays one launch per type after matmul_parts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,7 +27,7 @@ class PairEpilogues : public FusedOps {
 };
 
 struct QkvCase {
-  GgmlType type;
+  GgmlType type, v_type;
   int64_t K;
   int head_dim, n_rot, n_head, n_kv, tokens;
   RopeStyle style;
@@ -35,23 +37,30 @@ struct QkvCase {
 
 TEST_F(PairEpilogues, QkvProductsThenRopeKvStoreMatchTheOpsApart) {
   const QkvCase cases[] = {
-      {GgmlType::Q4_0, 4096, 128, 128, 8, 2, 1, RopeStyle::Normal, true, true},
-      {GgmlType::Q8_0, 512, 64, 32, 6, 2, 3, RopeStyle::Normal, true, true},
-      {GgmlType::Q4_K, 1024, 64, 64, 4, 4, 2, RopeStyle::Normal, false, true},
-      {GgmlType::Q4_0, 2048, 128, 128, 4, 1, 1, RopeStyle::Neox, true, false},         // pairs 64 apart
-      {GgmlType::Q4_0, 4096 + 256, 128, 128, 4, 2, 1, RopeStyle::Normal, true, false},  // 17 groups
+      {GgmlType::Q4_0, GgmlType::Q4_0, 4096, 128, 128, 8, 2, 1, RopeStyle::Normal, true, true},
+      {GgmlType::Q8_0, GgmlType::Q8_0, 512, 64, 32, 6, 2, 3, RopeStyle::Normal, true, true},
+      {GgmlType::Q4_K, GgmlType::Q4_K, 1024, 64, 64, 4, 4, 2, RopeStyle::Normal, false, true},
+      {GgmlType::Q4_0, GgmlType::Q4_0, 2048, 128, 128, 4, 1, 1, RopeStyle::Neox, true, false},  // pairs 64 apart
+      {GgmlType::Q4_0, GgmlType::Q4_0, 4096 + 256, 128, 128, 4, 2, 1, RopeStyle::Normal, true, false},  // 17 grp
+      // Q4_K_M: q4_K q/k with a q6_K v.
+      {GgmlType::Q4_K, GgmlType::Q6_K, 4096, 128, 128, 8, 2, 1, RopeStyle::Normal, true, true},
+      {GgmlType::Q4_K, GgmlType::Q6_K, 2048, 64, 32, 8, 4, 8, RopeStyle::Normal, true, true},
+      {GgmlType::Q4_K, GgmlType::Q6_K, 2048, 64, 64, 4, 2, 2, RopeStyle::Normal, false, false},  // per type
+      {GgmlType::Q4_K, GgmlType::Q6_K, 6144, 128, 128, 4, 2, 1, RopeStyle::Normal, true, false},  // 24 groups
   };
   const int64_t n_slots = 40;
   for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {
     for (const QkvCase& c : cases) {
-      SCOPED_TRACE(std::string(type_name(c.type)) + " K " + std::to_string(c.K) + " head_dim " +
+      SCOPED_TRACE(std::string(type_name(c.type)) + "/" + std::string(type_name(c.v_type)) + " K " +
+                   std::to_string(c.K) + " head_dim " +
                    std::to_string(c.head_dim) + " n_rot " + std::to_string(c.n_rot) + " heads " +
                    std::to_string(c.n_head) + "/" + std::to_string(c.n_kv) + " T " + std::to_string(c.tokens) +
                    (c.style == RopeStyle::Neox ? " neox" : "") + " cache " + std::string(type_name(cache_type)));
       const int64_t T = c.tokens, K = c.K;
       const int64_t q_width = int64_t(c.n_head) * c.head_dim, kv_width = int64_t(c.n_kv) * c.head_dim;
       const Tensor x = random({K, T}), norm_w = random({K});
-      const Tensor wq = weight(c.type, K, q_width), wk = weight(c.type, K, kv_width), wv = weight(c.type, K, kv_width);
+      const Tensor wq = weight(c.type, K, q_width), wk = weight(c.type, K, kv_width);
+      const Tensor wv = weight(c.v_type, K, kv_width);
       const Tensor bq = random({q_width}), none;
       RopeParams rope;
       rope.style = c.style;

@@ -47,6 +47,8 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
              "cuda backend: device {} does not exist ({} found)", options.device, devices.size());
   device_sms_ = devices[size_t(options.device)].multiprocessors;
   if (const char* env = std::getenv("KILN_CUDA_FUSED"); env && std::string(env) == "0") options_.fused = false;
+  if (const char* env = std::getenv("KILN_CUDA_MIXED_PARTS"); env && std::string(env) == "0")
+    options_.mixed_parts = false;
   check(cudaSetDevice(options.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuda backend: cublasCreate failed");

@@ -35,6 +35,10 @@ struct CudaOptions {
   // Fused decode paths: matmul_parts as one launch, int8 copies written by rmsnorm / glu.
   // The environment's KILN_CUDA_FUSED=0 turns them off (to measure what they save).
   bool fused = true;
+  // q4_K and q6_K parts of one rmsnorm_matmul_parts (a Q4_K_M layer's q/k/v) as one launch
+  // that can take rope_kv_store into its epilogue; else one launch per type. The
+  // environment's KILN_CUDA_MIXED_PARTS=0 turns it off (to measure what it saves).
+  bool mixed_parts = true;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };

@@ -6,8 +6,9 @@
 //   - matmul_add: a product whose epilogue also adds it to the residual stream;
 //   - the launch of two or three parts is held back (PendingProducts) and takes the next op
 //     into its epilogue when it can: rope_kv_store after q/k/v.
-// Parts of different types (q4_K q/k with a q6_K v in Q4_K_M) run as one launch per type,
-// each computing the norm again. q4_0 / q8_0 / q4_K / q6_K weights go to the grouped int8
+// Parts of different types run as one launch per type, each computing the norm again, except
+// in rmsnorm_matmul_parts the pair q4_K + q6_K (Q4_K_M's q/k with a q6_K v): one launch of
+// the two-format kernel, held back like a one-type launch. q4_0 / q8_0 / q4_K / q6_K weights go to the grouped int8
 // kernel (matvec_grouped.h), f16 / bf16 weights to the grouped 16-bit float kernel
 // (matvec_f16_grouped.h), which takes x in f32 and has no pair epilogue (its launches are
 // never held back). Anything neither takes (exact mode, other weight types, mixed widths)
@@ -158,6 +159,14 @@ cuda::Status f32_parts(GgmlType type, int64_t cols, int64_t w_row, std::span<con
   if (ep.kind != cuda::PairEpilogueKind::None)
     return cuda::Status::invalid("cuda matmul_parts: the f16 / bf16 grouped kernel has no pair epilogue");
   return cuda::matvec_half_parts(type, cols, w_row, parts, in, s);
+}
+
+// Every part's type and row stride in call order (the two-format launch's view).
+using PartFormats = std::array<cuda::PartFormat, cuda::kMaxMatvecParts>;
+PartFormats part_formats(std::span<const Backend::MatmulPart> parts) {
+  PartFormats f{};
+  for (size_t i = 0; i < parts.size(); ++i) f[i] = {parts[i].w->dtype, int64_t(parts[i].w->nb[1])};
+  return f;
 }
 
 // Whether the launches include f16 / bf16 weights (which take x in f32, never its int8 copy).
@@ -367,16 +376,31 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
     fits = fits && f32_parts_fit(l.type, K, l.w_row, l.g.view(l.g.mv), in);
   }
   if (!fits) return Backend::rmsnorm_matmul_parts(x, norm_weight, eps, normed, parts);
+  // Two types the two-format kernel reads (q4_K with q6_K): one launch for all parts.
+  const GroupedParts all = grouped_parts(parts);
+  const PartFormats formats = part_formats(parts);
+  const size_t n_parts = parts.size();
+  const bool mixed = options_.mixed_parts && launches.n == 2 &&
+                     cuda::matvec_mixed_f32_fit(K, all.view(all.mv), std::span(formats.data(), n_parts), in);
 
   const int64_t xs = int64_t(x.nb[1] / 4), ns = int64_t(normed.nb[1] / 4);
   cuda::SignatureHash h;
-  h.pod(Op::RmsNorm), h.pod(parts.size()), h.pod(eps);
+  h.pod(Op::RmsNorm), h.pod(parts.size()), h.pod(eps), h.pod(mixed);
   hash_tensor(h, x), hash_tensor(h, norm_weight), hash_tensor(h, normed);
   hash_parts(h, parts);
   ProductsLaunch launch = [=](cudaStream_t s, const cuda::PairEpilogue& ep) {
     for (int64_t t = 0; t < T; ++t) {
       // Every launch normalizes x itself; the first one writes `normed`.
       const cuda::PairEpilogue token_ep = epilogue_for_token(ep, t);  // one launch only (deferred ones)
+      if (mixed) {
+        cuda::F32Input token_in = in;
+        token_in.x += t * xs, token_in.normed += t * ns;
+        const auto row = all.token(t);
+        const std::span<const cuda::PartFormat> f(formats.data(), n_parts);
+        if (cuda::Status st = cuda::matvec_mixed_f32_parts(K, all.view(row), f, token_in, s, token_ep); !st.ok())
+          return st;
+        continue;
+      }
       for (size_t i = 0; i < launches.n; ++i) {
         const TypedLaunch& l = launches.at[i];
         const auto row = l.g.token(t);
@@ -389,7 +413,7 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
     }
     return cuda::Status();
   };
-  if (parts.size() >= 2 && launches.n == 1 && !any_half(launches))
+  if (parts.size() >= 2 && (mixed || (launches.n == 1 && !any_half(launches))))
     return defer_products(h, T, parts, K, std::move(launch), QuantizedInput{}, "rmsnorm_matmul_parts");
   record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "rmsnorm_matmul_parts");
 }

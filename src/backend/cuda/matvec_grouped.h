@@ -70,4 +70,19 @@ bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std:
 Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                         const F32Input& in, cudaStream_t stream, const PairEpilogue& ep = {});
 
+// Parts of two weight types in one launch over f32 x, as matvec_f32_parts (norm inside, pair
+// epilogue) otherwise: a Q4_K_M layer's q4_K q and k with its q6_K v, which would take one
+// launch per type, each normalizing and quantizing x again, and no epilogue. formats[i] is
+// part i's type and row stride (one stride per type). The pairs of types taken: q4_K with
+// q6_K (matvec_mixed_formats says); each part must fit the grouped kernel on its own.
+struct PartFormat {
+  GgmlType type = GgmlType::F32;
+  int64_t w_row_bytes = 0;
+};
+bool matvec_mixed_formats(std::span<const PartFormat> formats);
+bool matvec_mixed_f32_fit(int64_t cols, std::span<const MatvecPart> parts, std::span<const PartFormat> formats,
+                          const F32Input& in);
+Status matvec_mixed_f32_parts(int64_t cols, std::span<const MatvecPart> parts, std::span<const PartFormat> formats,
+                              const F32Input& in, cudaStream_t stream, const PairEpilogue& ep = {});
+
 }  // namespace kiln::cuda

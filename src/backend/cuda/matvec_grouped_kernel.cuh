@@ -1,0 +1,486 @@
+#pragma once
+// Decode matvec for q4_0 and q8_0 weights read in groups of 8 blocks, and q4_K / q6_K weights
+// read a super-block (256 weights, 144 / 210 bytes) at a time (see matvec.h for the contract;
+// matvec_q8 takes this path when matvec_grouped_fits says so).
+//
+// Why groups: q4_0 (18 bytes) and q8_0 (34 bytes) blocks are only 2-byte aligned, so a lane
+// that reads one block at a time needs many narrow loads and shifts (v1-v3 of the q8 kernel
+// spent ~5 instructions per weight). Eight consecutive blocks are 144 / 272 bytes, a multiple
+// of 16: a lane that owns 8 blocks reads them with 9 / 17 aligned 16-byte shared-memory loads
+// (lanes 144 / 272 bytes apart: an odd number of 16-byte units, so no bank conflicts), and
+// every field's place inside the group is a compile-time constant after unrolling.
+//
+// Work split: a block of kWarps warps stays resident (grid sized to the resident capacity)
+// and its warps take "tasks" in turn: a task is one row (rows with more than 16 groups; 32
+// lanes, one group each per chunk) or two rows (16 lanes per row). Each warp copies its next
+// chunk of weights into shared memory with 16-byte asynchronous copies while it computes the
+// current one (2 stages). The quantized x is copied once per block into shared memory, laid
+// out with 16 bytes of padding per group so that the lanes' reads are conflict-free too.
+//
+// The kernel is shared by matvec_grouped.cu (parts of one weight type) and matvec_mixed.cu
+// (parts of two types in one launch: a Q4_K_M layer's q4_K q/k with its q6_K v).
+#include <climits>
+#include <string>
+#include <type_traits>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/matvec_segments.cuh"
+#include "backend/cuda/rope_math.cuh"  // the rotation
+
+namespace kiln::cuda::detail {
+
+constexpr int kGroupBlocks = 8;                      // blocks of 32 per group
+constexpr int kGroupElems = 32 * kGroupBlocks;       // 256 weights
+constexpr int kGroupedWarps = 8;
+constexpr int kGroupedThreads = kGroupedWarps * kWarpSize;
+constexpr int kGroupedStages = 2;
+constexpr int kXGroupBytes = kGroupElems + 16;       // int8 x of one group + padding
+constexpr int kDsGroupBytes = kGroupBlocks * 8 + 16; // (d, d * sum) of its 8 blocks + padding
+
+// The 32-bit word at byte `b` of the group held in registers (b even; 2-byte offsets take a
+// funnel shift). Only compile-time b after unrolling, so g stays in registers.
+template <int N>
+__device__ __forceinline__ uint32_t word_at(const uint32_t (&g)[N], int b) {
+  if (b % 4 == 0) return g[b / 4];
+  return __funnelshift_r(g[b / 4], g[b / 4 + 1], 8 * (b % 4));
+}
+template <int N>
+__device__ __forceinline__ uint32_t half_at(const uint32_t (&g)[N], int b) {
+  return (g[b / 4] >> (8 * (b % 4))) & 0xffffu;
+}
+
+// Block j of a group in registers, dotted with the 8 words of int8 x of that block.
+struct GroupQ4_0 {
+  static constexpr int kBlockBytes = 18;
+  static constexpr int kGroupBytes = kBlockBytes * kGroupBlocks;
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int base = kBlockBytes * j;
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t q = word_at(g, base + 2 + 4 * k);  // elements 4k.. (low) and 16+4k.. (high)
+      sum = dot4(int(q & 0x0F0F0F0Fu), x[k], sum);
+      sum = dot4(int((q >> 4) & 0x0F0F0F0Fu), x[k + 4], sum);
+    }
+    return half_to_float(half_at(g, base)) * (ds.x * float(sum) - 8.0f * ds.y);
+  }
+};
+
+struct GroupQ8_0 {
+  static constexpr int kBlockBytes = 34;
+  static constexpr int kGroupBytes = kBlockBytes * kGroupBlocks;
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int base = kBlockBytes * j;
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum = dot4(int(word_at(g, base + 2 + 4 * k)), x[k], sum);
+    return half_to_float(half_at(g, base)) * ds.x * float(sum);
+  }
+};
+
+// A q4_K super-block: d, dmin (f16), 12 bytes of packed 6-bit sub-block scales and mins,
+// then 128 bytes of nibbles: bytes 32p..32p+31 hold sub-block 2p in their low nibbles and
+// sub-block 2p+1 in their high ones. Sub-block j is d*scale_j*q - dmin*min_j.
+struct GroupQ4_K {
+  static constexpr int kGroupBytes = 144;
+  template <int N>
+  __device__ static int byte_at(const uint32_t (&g)[N], int b) {
+    return int((g[b / 4] >> (8 * (b % 4))) & 0xffu);
+  }
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int base = 16 + 32 * (j / 2), shift = 4 * (j % 2);
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum = dot4(int((g[base / 4 + k] >> shift) & 0x0F0F0F0Fu), x[k], sum);
+    int scale, min;
+    if (j < 4) {
+      scale = byte_at(g, 4 + j) & 63;
+      min = byte_at(g, 8 + j) & 63;
+    } else {
+      scale = (byte_at(g, 8 + j) & 0xF) | ((byte_at(g, j) >> 6) << 4);
+      min = (byte_at(g, 8 + j) >> 4) | ((byte_at(g, 4 + j) >> 6) << 4);
+    }
+    const float d = half_to_float(g[0]), dmin = half_to_float(g[0] >> 16);
+    return d * float(scale) * ds.x * float(sum) - dmin * float(min) * ds.y;
+  }
+};
+
+// A q6_K super-block: 128 bytes of low nibbles (ql), 64 bytes of high 2-bit pairs (qh), 16
+// int8 scales (one per 16 weights), the f16 d. In half h (128 weights) the 32 weights of
+// block 4h+k take their low nibbles from ql bytes 64h + 32(k%2) .. +31 (low nibble for k < 2,
+// high for k >= 2) and their top two bits from qh bytes 128 + 32h .. +31 at bit 2k; weight i
+// of that block is d * scale[8h + 2k + i/16] * (level - 32).
+//
+// Why not aligned 16-byte loads as the other formats: 210 bytes is 13 x 16 + 2, so only every
+// 8th super-block (8 x 210 = 105 x 16) starts on a 16-byte boundary. A group of 8 super-blocks
+// per lane would need 8x the staging memory. Instead a chunk of 16 or 32 consecutive
+// super-blocks (3360 / 6720 bytes, a multiple of 16 that starts on one, since chunks start at
+// multiples of 16 super-blocks) is staged with the same 16-byte asynchronous copies, and each
+// lane reads its 210 bytes from shared memory with 53 4-byte loads from the 4-byte boundary
+// at or before it (lanes are 52.5 words apart: at most 2 lanes share a bank), then shifts the
+// words by 0 or 16 bits so that every field sits at a compile-time place, as in the other
+// formats. (14 16-byte loads from the 16-byte boundary before the group would be free of
+// conflicts, but leave the group at a run-time offset of 0-14 bytes: about three selects and
+// shifts per word to undo, against one funnel shift here.)
+// A row's chunks stay 16-byte multiples only when its super-blocks are a multiple of 8
+// (cols % 2048 == 0): matvec_grouped_fits checks it.
+struct GroupQ6_K {
+  static constexpr int kGroupBytes = 210;
+  static constexpr int kWords = 53;  // 52.5 words; the last one's upper half is not read
+  __device__ static void load(const uint8_t* group, uint32_t (&g)[kWords]) {
+    const int misalign = int(reinterpret_cast<uintptr_t>(group) % 4);  // 0 or 2: groups start on even bytes
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(group - misalign);
+    uint32_t words[kWords];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) words[k] = w[k];
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) g[k] = __funnelshift_r(words[k], words[k + 1 < kWords ? k + 1 : k], 8 * misalign);
+  }
+  template <int N>
+  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+    const int h = j / 4, k = j % 4;
+    const int ql = 16 * h + 8 * (k % 2), qh = 32 + 8 * h;  // word indices of the block's bytes
+    // Weights 0-15 and 16-31 have their own scales. The levels (0..63) are dotted as they
+    // are and the offset 32 taken off with the sum of x: one dot4 per word, where subtracting
+    // 32 from each byte of a word costs three instructions.
+    int sum[2] = {0, 0}, x_sum[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t low = (g[ql + i] >> (4 * (k / 2))) & 0x0F0F0F0Fu, high = (g[qh + i] >> (2 * k)) & 0x03030303u;
+      const uint32_t level = low | (high << 4);
+      sum[i / 4] = dot4(int(level), x[i], sum[i / 4]);
+      x_sum[i / 4] = dot4(0x01010101, x[i], x_sum[i / 4]);
+    }
+    const int s = 192 + 8 * h + 2 * k;  // byte of the first scale
+    const int scale0 = int(int8_t(g[s / 4] >> (8 * (s % 4)))), scale1 = int(int8_t(g[s / 4] >> (8 * (s % 4 + 1))));
+    const int total = scale0 * (sum[0] - 32 * x_sum[0]) + scale1 * (sum[1] - 32 * x_sum[1]);
+    return half_to_float(g[52] & 0xffffu) * ds.x * float(total);
+  }
+};
+
+template <typename Fmt>
+constexpr int group_bytes() { return Fmt::kGroupBytes; }
+
+// Registers a lane's group occupies, and its load from the stage (`group`: the lane's bytes).
+// Groups of a multiple of 16 bytes sit 16-byte aligned: plain 16-byte loads.
+template <typename Fmt>
+constexpr int group_words() { return (Fmt::kGroupBytes + 3) / 4; }
+
+template <typename Fmt>
+__device__ __forceinline__ void load_group(const uint8_t* group, uint32_t (&g)[group_words<Fmt>()]) {
+  if constexpr (Fmt::kGroupBytes % 16 == 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(group);
+#pragma unroll
+    for (int u = 0; u < Fmt::kGroupBytes / 16; ++u) {
+      const uint4 v = src[u];
+      g[4 * u] = v.x, g[4 * u + 1] = v.y, g[4 * u + 2] = v.z, g[4 * u + 3] = v.w;
+    }
+  } else {
+    Fmt::load(group, g);
+  }
+}
+
+// A launch reads parts of one format, Fmt, or of two: FmtB for the parts SecondFormat names.
+// Its stages hold the larger of the two formats' groups.
+template <typename Fmt, typename FmtB = Fmt>
+constexpr int stage_group_bytes() {
+  return group_bytes<Fmt>() > group_bytes<FmtB>() ? group_bytes<Fmt>() : group_bytes<FmtB>();
+}
+
+template <typename Fmt, typename FmtB = Fmt>
+size_t grouped_smem_bytes(int64_t cols) {
+  const int64_t groups = cols / kGroupElems;
+  return size_t(groups) * (kXGroupBytes + kDsGroupBytes) +
+         size_t(kGroupedWarps) * kGroupedStages * kWarpSize * stage_group_bytes<Fmt, FmtB>();
+}
+
+// The parts of a two-format launch that are in the second format (bit i: part i), and their
+// row stride (the first format's is the kernel's w_row_bytes). Unused by one-format launches.
+struct SecondFormat {
+  int64_t w_row_bytes = 0;
+  unsigned parts = 0;
+  __device__ __forceinline__ bool has(int part) const { return (parts >> part) & 1u; }
+};
+
+// One lane's group (its bytes at `group` in the stage) dotted with the group's int8 x and
+// scales in shared memory, added to acc.
+template <typename Fmt>
+__device__ __forceinline__ void accumulate_group(const uint8_t* group, const int4* xg, const float4* dg, float& acc) {
+  uint32_t g[group_words<Fmt>()];
+  load_group<Fmt>(group, g);
+#pragma unroll
+  for (int j = 0; j < kGroupBlocks; j += 2) {
+    const float4 d2 = dg[j / 2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int4 a = xg[2 * (j + h)], b = xg[2 * (j + h) + 1];
+      const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      acc += Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w));
+    }
+  }
+}
+
+// f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
+// layout the kernel reads: 8 lanes per block of 32 values, all loads issued before any
+// arithmetic so that the block waits for L2 once, not once per step.
+constexpr int kF32Steps = int(kMaxF32InputCols) / (kGroupedThreads * 4);
+
+// The norm weights this thread will apply, loaded before the wait for the previous kernels
+// (no kernel of the step writes them): one L2 round trip less after it.
+__device__ __forceinline__ void load_norm_weights(const F32Input& in, int cols, float4 (&w)[kF32Steps]) {
+  if (!in.norm_weight) return;
+#pragma unroll
+  for (int s = 0; s < kF32Steps; ++s) {
+    const int i = (s * kGroupedThreads + int(threadIdx.x)) * 4;
+    if (i < cols) w[s] = *reinterpret_cast<const float4*>(in.norm_weight + i);
+  }
+}
+
+__device__ inline void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s,
+                                         const float4 (&norm_w)[kF32Steps]) {
+  __shared__ float partial[kGroupedWarps];
+  const int tid = threadIdx.x;
+  float4 v[kF32Steps];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kF32Steps; ++s) {
+    const int i = (s * kGroupedThreads + tid) * 4;
+    if (i < cols) {
+      v[s] = *reinterpret_cast<const float4*>(in.x + i);
+      sum_sq = fmaf(v[s].x, v[s].x, sum_sq);
+      sum_sq = fmaf(v[s].y, v[s].y, sum_sq);
+      sum_sq = fmaf(v[s].z, v[s].z, sum_sq);
+      sum_sq = fmaf(v[s].w, v[s].w, sum_sq);
+    }
+  }
+  float inv = 1.0f;
+  if (in.norm_weight) {
+    inv = rsqrtf(block_sum<kGroupedWarps>(sum_sq, partial) / float(cols) + in.eps);  // rmsnorm()'s formula
+  }
+#pragma unroll
+  for (int s = 0; s < kF32Steps; ++s) {
+    const int i = (s * kGroupedThreads + tid) * 4;
+    if (i >= cols) break;  // cols % 256 == 0: whole warps leave together
+    float four[4] = {v[s].x, v[s].y, v[s].z, v[s].w};
+    if (in.norm_weight) {
+      const float wk[4] = {norm_w[s].x, norm_w[s].y, norm_w[s].z, norm_w[s].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) four[k] = __fmul_rn(__fmul_rn(four[k], inv), wk[k]);
+      // Every block computed the whole vector; block s % grid writes step s.
+      if (in.normed && s % int(gridDim.x) == int(blockIdx.x))
+        *reinterpret_cast<float4*>(in.normed + i) = make_float4(four[0], four[1], four[2], four[3]);
+    }
+    const int group = i / kGroupElems, at = i % kGroupElems;
+    quantize_block_spread<8, 4>(four, reinterpret_cast<int8_t*>(x_s + group * kXGroupBytes + at),
+                                reinterpret_cast<float2*>(ds_s + group * kDsGroupBytes) + at / 32);
+  }
+}
+
+// The pair epilogue (see PairEpilogue), run by the first lane of each of a task's two rows
+// (16 lanes each): `v` is this row's value, bias added, `partner` the other row's; slot 0
+// holds the even row.
+__device__ __forceinline__ void rope_store_pair(const PairEpilogue& ep, int part, int local, int slot, float v,
+                                                float partner, float* y) {
+  if (part < 2) {  // q or k: rotate the pair
+    const int d = local % ep.head_dim;
+    if (d < ep.n_rot) {
+      const int half = ep.n_rot / 2, i = d / 2;
+      const float* angles = ep.angles + ep.token * ep.n_rot;  // written by a kernel before: after the wait
+      const float c = angles[i], s = angles[half + i];
+      const float x0 = slot == 0 ? v : partner, x1 = slot == 0 ? partner : v;
+      v = slot == 0 ? rotated_first(x0, x1, c, s) : rotated_second(x0, x1, c, s);
+    }
+  }
+  y[local] = v;
+  if (part == 0) return;
+  const int64_t cache_slot = ep.store.slots[ep.token];  // uploaded before the step
+  if (cache_slot < 0 || cache_slot >= ep.store.n_slots) return;  // never write outside the cache
+  void* cache = part == 1 ? ep.store.cache_k : ep.store.cache_v;
+  const int64_t at = cache_slot * (part == 1 ? ep.store.cache_k_stride : ep.store.cache_v_stride) + local;
+  if (ep.store.cache_type == GgmlType::F16)
+    store_as(static_cast<__half*>(cache) + at, v);
+  else
+    store_as(static_cast<float*>(cache) + at, v);
+}
+
+// kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kFromF32: x arrives as f32
+// (`in`) and is quantized here; otherwise as quantize_q8's int8 copy (xqs, xds). FmtB != Fmt:
+// the parts `second` names are in FmtB. Each row of a task (the two rows may differ in
+// format) has kLanesPerRow groups of the larger format's size in the stage, and its lanes
+// read their groups at multiples of their own format's size from there (16-byte aligned for
+// q4_K whatever the other format). Rows of one part take one branch; a warp diverges only on
+// a task that straddles two parts of different formats.
+template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
+__global__ void __launch_bounds__(kGroupedThreads)
+    matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, SecondFormat second, int rows, int groups,
+                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
+                          PairEpilogue ep) {
+  constexpr bool kTwoFormats = !std::is_same_v<Fmt, FmtB>;
+  constexpr int kG = stage_group_bytes<Fmt, FmtB>();  // stage bytes per lane
+  constexpr int kSlots = kWarpSize / kLanesPerRow;  // rows per task
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* x_s = smem;                                   // [groups][kXGroupBytes]
+  uint8_t* ds_s = x_s + size_t(groups) * kXGroupBytes;   // [groups][kDsGroupBytes]
+  uint8_t* stages = ds_s + size_t(groups) * kDsGroupBytes;
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int slot = lane / kLanesPerRow, li = lane % kLanesPerRow;
+  uint8_t* my_stages = stages + size_t(warp) * kGroupedStages * kWarpSize * kG;
+
+  const int chunks = (groups + kLanesPerRow - 1) / kLanesPerRow;  // per row
+  const int tasks = (rows + kSlots - 1) / kSlots;
+  const int warps_total = gridDim.x * kGroupedWarps;
+  const int first_task = blockIdx.x * kGroupedWarps + warp;
+  const int my_tasks = first_task < tasks ? (tasks - first_task + warps_total - 1) / warps_total : 0;
+  const int items = my_tasks * chunks;
+  // The rows of task t. Two formats: walked from the last task back, so that where there
+  // are more tasks than warps the warps taking a second task take the first part's rows and
+  // the later parts (a Q4_K_M layer's k and its heavier q6_K v) go to warps with one task.
+  auto first_row_of = [&](int t) { return (kTwoFormats ? tasks - 1 - t : t) * kSlots; };
+
+  // Copies item i (task, chunk) into stage i % 2; always commits a group.
+  auto issue = [&](int i) {
+    if (i < items) {
+      const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
+      const int first_group = chunk * kLanesPerRow;
+      const int chunk_groups = min(kLanesPerRow, groups - first_group);
+      uint8_t* dst_stage = my_stages + size_t(i & 1) * kWarpSize * kG;
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        const int row = first_row_of(task) + s;
+        if (row >= rows) break;
+        int part, local;
+        seg.locate(row, part, local);
+        const bool b = kTwoFormats && second.has(part);
+        const int row_g = b ? group_bytes<FmtB>() : group_bytes<Fmt>();
+        const int64_t row_bytes = b ? second.w_row_bytes : w_row_bytes;
+        const int n_pieces = chunk_groups * row_g / 16;  // whole: see matvec_grouped_fits
+        const uint8_t* src =
+            GroupedSegments::pick(seg.w, part) + int64_t(local) * row_bytes + int64_t(first_group) * row_g;
+        uint8_t* dst = dst_stage + s * kLanesPerRow * kG;
+        for (int p = lane; p < n_pieces; p += kWarpSize) cp_async_16(dst + 16 * p, src + 16 * p);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // This warp's first chunk of weights and its norm weights (no kernel of the step writes
+  // them), then x, which the kernels before produce, into shared memory, padded per group
+  // (all threads).
+  issue(0);
+  float4 norm_w[kFromF32 ? kF32Steps : 1];
+  if constexpr (kFromF32) load_norm_weights(in, groups * kGroupElems, norm_w);
+  wait_for_previous_kernels();
+  allow_next_kernel();
+  if constexpr (kFromF32) {
+    quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
+    cp_async_wait<0>();
+  } else {
+    for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
+      cp_async_16(x_s + (p / 16) * kXGroupBytes + (p % 16) * 16, xqs + 16 * p);
+    for (int p = threadIdx.x; p < groups * (kGroupBlocks / 2); p += kGroupedThreads)
+      cp_async_16(ds_s + (p / 4) * kDsGroupBytes + (p % 4) * 16, xds + 2 * p);
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+
+  float acc = 0.0f;
+  for (int i = 0; i < items; ++i) {
+    issue(i + 1);
+    cp_async_wait<1>();  // item i has landed (this lane's copies) ...
+    __syncwarp();        // ... and every lane's
+    const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
+    const int group = chunk * kLanesPerRow + li;
+    const int row = first_row_of(task) + slot;
+    if (group < groups && row < rows) {
+      const uint8_t* stage = my_stages + size_t(i & 1) * kWarpSize * kG + slot * kLanesPerRow * kG;  // this row's
+      const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
+      const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
+      if (kTwoFormats && second.has(seg.part_of(row)))
+        accumulate_group<FmtB>(stage + li * group_bytes<FmtB>(), xg, dg, acc);
+      else
+        accumulate_group<Fmt>(stage + li * group_bytes<Fmt>(), xg, dg, acc);
+    }
+    __syncwarp();  // the stage is refilled by the next issue
+    if (chunk == chunks - 1) {
+      float v = acc;
+#pragma unroll
+      for (int off = kLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+      int part = 0, local = 0;
+      if (row < rows) {
+        seg.locate(row, part, local);
+        const float* add = GroupedSegments::pick(seg.add, part);
+        if (add) v += add[local];
+      }
+      bool plain_store = li == 0 && row < rows;
+      if constexpr (kLanesPerRow == 16) {
+        if (ep.kind != PairEpilogueKind::None) {  // every row has its pair (host-checked)
+          const float partner = __shfl_xor_sync(kFullMask, v, 16);
+          if (li == 0) rope_store_pair(ep, part, local, slot, v, partner, GroupedSegments::pick(seg.y, part));
+          plain_store = false;
+        }
+      }
+      if (plain_store) {
+        GroupedSegments::pick(seg.y, part)[local] = v;
+        if (float* acc = GroupedSegments::pick(seg.acc, part)) acc[local] += v;
+      }
+      acc = 0.0f;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
+Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
+                      const SecondFormat& second, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
+                      cudaStream_t stream) {
+  auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32>;
+  const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols);
+  // Per kernel: the dynamic shared-memory limit raised once, resident blocks per SM for the
+  // largest size seen (smaller sizes fit at least as many).
+  static int attribute_set = 0, sms = 0;
+  static size_t occupancy_smem = 0;
+  static int blocks_per_sm = 0;
+  if (!attribute_set) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+        e != cudaSuccess)
+      return Status::from_cuda(e, "cudaFuncSetAttribute (matvec_grouped_kernel)");
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    attribute_set = 1;
+  }
+  if (smem > occupancy_smem) {
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kGroupedThreads, smem);
+        e != cudaSuccess)
+      return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (matvec_grouped_kernel)");
+    occupancy_smem = smem;
+  }
+  constexpr int kSlots = kWarpSize / kLanesPerRow;
+  const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
+  const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
+  const int grid = int(min64(blocks_needed, int64_t(max(1, blocks_per_sm)) * max(1, sms)));
+  launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
+                 int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
+  return launch_status("matvec_grouped_kernel");
+}
+
+// Rows of at most 16 groups take two rows per task (16 lanes each), wider ones one; the pair
+// epilogues need the former (matvec_pairs_fit).
+constexpr int kMaxPairGroups = 16;
+
+template <typename Fmt, bool kFromF32, typename FmtB = Fmt>
+Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
+                        const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream,
+                        const SecondFormat& second = {}) {
+  if (cols / kGroupElems <= kMaxPairGroups)
+    return launch_grouped<Fmt, FmtB, 16, kFromF32>(seg, total_rows, cols, w_row_bytes, second, xq, in, ep, stream);
+  return launch_grouped<Fmt, FmtB, 32, kFromF32>(seg, total_rows, cols, w_row_bytes, second, xq, in, ep, stream);
+}
+}  // namespace kiln::cuda::detail
