@@ -100,38 +100,20 @@ __device__ inline void rotate_heads(const RopeArgs& a, int64_t t, int64_t first_
   const int64_t n_heads = min64(heads_per_block, a.n_heads - first_head);
   const int half = a.n_rot / 2;
   float* xt = a.x + t * a.token_stride + first_head * a.head_stride;
-  const int64_t pairs = n_heads * half;
-  // kBatch pairs per thread per round, all loaded before any is stored: a prefill block has
-  // ~16 pairs per thread, and one load-rotate-store after the other left it waiting on
-  // memory latency 16 times.
-  constexpr int kBatch = 4;
-  for (int64_t j0 = threadIdx.x; j0 < pairs; j0 += kBatch * int64_t(blockDim.x)) {
-    float x0[kBatch], x1[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t j = j0 + b * int64_t(blockDim.x);
-      if (j >= pairs) break;
-      const int i = int(j % half);
-      const float* v = xt + (j / half) * a.head_stride;
-      x0[b] = v[a.neox ? i : 2 * i], x1[b] = v[a.neox ? i + half : 2 * i + 1];
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int64_t j = j0 + b * int64_t(blockDim.x);
-      if (j >= pairs) break;
-      const int64_t head = j / half;
-      const int i = int(j % half);
-      float* v = xt + head * a.head_stride;
-      const int first = a.neox ? i : 2 * i, second = a.neox ? i + half : 2 * i + 1;
-      const float y0 = rotated_first(x0[b], x1[b], cos_s[i], sin_s[i]);
-      const float y1 = rotated_second(x0[b], x1[b], cos_s[i], sin_s[i]);
-      v[first] = y0;
-      v[second] = y1;
-      if (cache_row) {
-        KV* c = cache_row + (first_head + head) * a.head_dim;
-        store_as(c + first, y0);
-        store_as(c + second, y1);
-      }
+  for (int64_t j = threadIdx.x; j < n_heads * half; j += blockDim.x) {
+    const int64_t head = j / half;
+    const int i = int(j % half);
+    float* v = xt + head * a.head_stride;
+    const int first = a.neox ? i : 2 * i, second = a.neox ? i + half : 2 * i + 1;
+    const float x0 = v[first], x1 = v[second];
+    const float y0 = rotated_first(x0, x1, cos_s[i], sin_s[i]);
+    const float y1 = rotated_second(x0, x1, cos_s[i], sin_s[i]);
+    v[first] = y0;
+    v[second] = y1;
+    if (cache_row) {
+      KV* c = cache_row + (first_head + head) * a.head_dim;
+      store_as(c + first, y0);
+      store_as(c + second, y1);
     }
   }
   if (!cache_row) return;

@@ -65,21 +65,7 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
     KV* row = static_cast<KV*>(st.cache_v) + slot * st.cache_v_stride;
     const int64_t first = int64_t(y - q_groups - k_groups) * shape.values_per_piece;
     const int64_t end = min64(first + shape.values_per_piece, st.v_width);
-    // Four values per thread per round, loaded before they are stored (latency, as in rotate_heads).
-    const float* src = st.v + t * st.v_stride;
-    for (int64_t i0 = first + threadIdx.x; i0 < end; i0 += 4 * int64_t(blockDim.x)) {
-      float v[4];
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int64_t i = i0 + b * int64_t(blockDim.x);
-        v[b] = i < end ? src[i] : 0.0f;
-      }
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int64_t i = i0 + b * int64_t(blockDim.x);
-        if (i < end) store_as(row + i, v[b]);
-      }
-    }
+    for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x) store_as(row + i, st.v[t * st.v_stride + i]);
     return;
   }
   const bool is_k = y >= q_groups;
