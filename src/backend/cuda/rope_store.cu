@@ -1,11 +1,6 @@
 // rope of q and k plus the KV-cache store in one launch (see rope_store.h). Grid: (tokens,
 // q head groups + k head groups + v pieces); every block of a token reads its angles from
-// the pass's rope_table or, without one, computes them. Decode blocks take 4 heads (or 256
-// values); prefill blocks take all of a token's q heads, all of its k heads, its whole v row
-// (as rope() does: with thousands of short blocks the fused kernel ran 55 us against the
-// three kernels' 30 at 512 tokens).
-#include <algorithm>
-
+// the pass's rope_table or, without one, computes them.
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/rope_math.cuh"
 #include "backend/cuda/rope_store.h"
@@ -42,18 +37,10 @@ __device__ void norm_heads(const RopeArgs& a, int64_t t, int64_t first_head, con
   }
 }
 
-// How a launch splits a token's work into blocks.
-struct RopeStoreShape {
-  int q_groups, k_groups;         // blocks of q heads, of k heads
-  int heads_per_block;            // heads of one q or k block
-  int64_t values_per_piece;       // values of one v block
-};
-
 template <typename KV>
 __global__ void __launch_bounds__(kRopeStoreThreads)
-    rope_store_kernel(RopeArgs q, RopeArgs k, KvStoreArgs st, RopeConstants c, RopeStoreShape shape,
+    rope_store_kernel(RopeArgs q, RopeArgs k, KvStoreArgs st, RopeConstants c, int q_groups, int k_groups,
                       const float* angles, HeadNorms norms) {
-  const int q_groups = shape.q_groups, k_groups = shape.k_groups;
   __shared__ float cos_s[kMaxRopeHalf], sin_s[kMaxRopeHalf];
   const int64_t t = blockIdx.x;
   const int y = int(blockIdx.y);
@@ -63,8 +50,8 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
     begin_chained_kernel();
     if (!slot_ok) return;
     KV* row = static_cast<KV*>(st.cache_v) + slot * st.cache_v_stride;
-    const int64_t first = int64_t(y - q_groups - k_groups) * shape.values_per_piece;
-    const int64_t end = min64(first + shape.values_per_piece, st.v_width);
+    const int64_t first = int64_t(y - q_groups - k_groups) * kValuesPerPiece;
+    const int64_t end = min64(first + kValuesPerPiece, st.v_width);
     for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x) store_as(row + i, st.v[t * st.v_stride + i]);
     return;
   }
@@ -77,12 +64,11 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
     for (int i = threadIdx.x; i < half; i += blockDim.x)
       cos_s[i] = angles[t * a.n_rot + i], sin_s[i] = angles[t * a.n_rot + half + i];
   }
-  const int64_t first_head = int64_t(is_k ? y - q_groups : y) * shape.heads_per_block;
-  if (const float* w = is_k ? norms.k : norms.q)  // a warp per head, kRopeHeadsPerBlock at a time
-    for (int h = 0; h < shape.heads_per_block; h += kRopeHeadsPerBlock) norm_heads(a, t, first_head + h, w, norms.eps);
+  const int64_t first_head = int64_t(is_k ? y - q_groups : y) * kRopeHeadsPerBlock;
+  if (const float* w = is_k ? norms.k : norms.q) norm_heads(a, t, first_head, w, norms.eps);
   __syncthreads();  // the angles, and the normed heads (global memory, read by other threads)
   KV* cache_row = is_k && slot_ok ? static_cast<KV*>(st.cache_k) + slot * st.cache_k_stride : nullptr;
-  rotate_heads(a, t, first_head, shape.heads_per_block, cache_row, cos_s, sin_s);
+  rotate_heads(a, t, first_head, kRopeHeadsPerBlock, cache_row, cos_s, sin_s);
 }
 
 __global__ void __launch_bounds__(kRopeStoreThreads) rope_table_kernel(RopeArgs a, RopeConstants c, float* table) {
@@ -121,26 +107,17 @@ Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, c
                            std::to_string(kMaxHeadNormDim) + " values");
   if (st.cache_type != GgmlType::F32 && st.cache_type != GgmlType::F16)
     return Status::invalid("rope_store: cache type " + std::string(type_name(st.cache_type)) + " (f32 or f16)");
-  // Heads per block: a multiple of kRopeHeadsPerBlock (the head norms' warps go 4 heads at a time).
-  const bool prefill = q.n_tokens > 8;
-  const int64_t most_heads = q.n_heads > k.n_heads ? q.n_heads : k.n_heads;
-  const int64_t heads =
-      prefill ? (std::min<int64_t>(most_heads, detail::kRopeMaxHeadsPerBlock) + detail::kRopeHeadsPerBlock - 1) /
-                    detail::kRopeHeadsPerBlock * detail::kRopeHeadsPerBlock
-              : detail::kRopeHeadsPerBlock;
-  const int64_t per_piece = prefill ? std::max<int64_t>(st.v_width, detail::kValuesPerPiece) : detail::kValuesPerPiece;
-  const int64_t q_groups = (q.n_heads + heads - 1) / heads;
-  const int64_t k_groups = (k.n_heads + heads - 1) / heads;
-  const int64_t v_pieces = (st.v_width + per_piece - 1) / per_piece;
+  const int64_t q_groups = (q.n_heads + detail::kRopeHeadsPerBlock - 1) / detail::kRopeHeadsPerBlock;
+  const int64_t k_groups = (k.n_heads + detail::kRopeHeadsPerBlock - 1) / detail::kRopeHeadsPerBlock;
+  const int64_t v_pieces = (st.v_width + detail::kValuesPerPiece - 1) / detail::kValuesPerPiece;
   if (q_groups + k_groups + v_pieces > 65535) return Status::invalid("rope_store: too many heads");
-  const detail::RopeStoreShape shape{int(q_groups), int(k_groups), int(heads), per_piece};
   const dim3 grid(unsigned(q.n_tokens), unsigned(q_groups + k_groups + v_pieces));
   if (st.cache_type == GgmlType::F16)
-    launch_chained(detail::rope_store_kernel<__half>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c, shape,
-                   angles, norms);
+    launch_chained(detail::rope_store_kernel<__half>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c,
+                   int(q_groups), int(k_groups), angles, norms);
   else
-    launch_chained(detail::rope_store_kernel<float>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c, shape,
-                   angles, norms);
+    launch_chained(detail::rope_store_kernel<float>, grid, detail::kRopeStoreThreads, 0, stream, q, k, st, c,
+                   int(q_groups), int(k_groups), angles, norms);
   return launch_status("rope_store_kernel");
 }
 
