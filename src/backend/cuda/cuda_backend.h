@@ -150,20 +150,17 @@ class CudaBackend final : public Backend {
   void record_held_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash* fused_sig, const char* op);
   // At most one of the two is pending; this records it.
   void flush_pending();
-  // Rope angle tables (cuda::rope_table) of the current pass, one per positions buffer, rope
-  // parameters and power-of-two size (`key`): recorded by the first rope of a pass, read by
-  // every layer's (rope_store or the decode products' epilogue); an upload (the next pass's
-  // positions) makes them stale.
+  // Rope angle tables (cuda::rope_table) of the current pass, one per positions tensor and
+  // rope parameters (`key`): recorded by the first decode rope of a pass, read by every
+  // layer's (rope_store or the products' epilogue); an upload (the next pass's positions)
+  // makes them stale.
   struct RopeTable {
     uint64_t key = 0;
     std::unique_ptr<Buffer> buffer;
     bool current = false;
-    int64_t tokens = 0;  // rows written this pass
   };
   std::vector<RopeTable> rope_tables_;
   const float* rope_table_for(const cuda::RopeArgs& rope, uint64_t key);
-  // Whether a batch of this many tokens goes to the one-kernel rope + cache store.
-  static bool rope_store_takes(int64_t tokens);
   bool record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                          const RopeParams& params, KvLayer& cache, const Tensor& slots, const cuda::HeadNorms& norms);
   // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false

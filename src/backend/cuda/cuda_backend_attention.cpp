@@ -1,10 +1,8 @@
 // The CUDA backend's rope, KV-cache and attention ops: argument checks on the host, then
-// launch closures for the step recorder (as cuda_backend_ops.cpp). Rope and the cache store
-// run as one kernel (with the q/k head norms when the model has them) or, in decode, inside
+// launch closures for the step recorder (as cuda_backend_ops.cpp). In decode, rope and the
+// cache store run as one kernel (with the q/k head norms when the model has them) or inside
 // the q/k/v products' epilogue; attention picks the tensor-core prefill kernel, the split
 // decode kernel or the general one.
-#include <cstdlib>
-#include <string>
 #include <tuple>
 
 #include "backend/cuda/attention.h"
@@ -83,20 +81,10 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, con
          [=](cudaStream_t s) { return cuda::kv_store(a, s); }, "kv_store");
 }
 
-// Prefill batches take the one-kernel path too, reading the angles from the pass's table
-// (without one, each of a token's blocks computed them again: pp512 was 4.7% slower than with
-// three kernels). KILN_CUDA_PREFILL_ROPE_STORE=0 gives prefill the three kernels back (A/B).
-bool CudaBackend::rope_store_takes(int64_t tokens) {
-  static const bool prefill = [] {
-    const char* env = std::getenv("KILN_CUDA_PREFILL_ROPE_STORE");
-    return !(env && std::string(env) == "0");
-  }();
-  return tokens <= kMatvecMaxTokens || prefill;
-}
-
 void CudaBackend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                                 const RopeParams& p, KvLayer& cache, const Tensor& slots) {
-  if (!rope_store_takes(q_heads.ne[2]) || !record_rope_store(q_heads, k_heads, v, positions, p, cache, slots, {}))
+  // Prefill measured faster with the three kernels (pp512 -4.7% with the fused one at T=512).
+  if (q_heads.ne[2] > kMatvecMaxTokens || !record_rope_store(q_heads, k_heads, v, positions, p, cache, slots, {}))
     Backend::rope_kv_store(q_heads, k_heads, v, positions, p, cache, slots);
 }
 
@@ -105,7 +93,7 @@ void CudaBackend::norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Ten
                                      KvLayer& cache, const Tensor& slots) {
   cuda::HeadNorms norms;
   norms.eps = eps;
-  bool fits = rope_store_takes(q_heads.ne[2]);
+  bool fits = q_heads.ne[2] <= kMatvecMaxTokens;
   for (auto [w, dst, heads] : {std::tuple{&q_norm, &norms.q, &q_heads}, std::tuple{&k_norm, &norms.k, &k_heads}}) {
     if (w->empty()) continue;
     require_f32(*w, "norm_rope_kv_store", "norm weight");
@@ -131,10 +119,8 @@ bool CudaBackend::record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tens
   Sig sig(Op::KvStore);
   sig.t(q_heads).t(k_heads).t(v).t(positions).t(cache.k).t(cache.v).t(slots).v(norms.q).v(norms.k).v(norms.eps);
   hash_rope(sig, p, q);
-  // One table per positions buffer and rope parameters, whatever the batch's length (a key
-  // with the length would add a table for every prompt length a server sees).
   Sig table_key(Op::Rope);
-  table_key.v(positions.data);
+  table_key.t(positions);
   hash_rope(table_key, p, q);
   // Right after the q/k/v products: rotated and stored in their epilogue where they can.
   cuda::PairEpilogue ep;

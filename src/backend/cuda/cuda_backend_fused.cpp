@@ -246,30 +246,21 @@ void CudaBackend::fuse_into_pending_products(const cuda::PairEpilogue& ep, const
 }
 
 const float* CudaBackend::rope_table_for(const cuda::RopeArgs& rope, uint64_t key) {
-  // Tables come in power-of-two token counts from a decode batch up, one per size: a longer
-  // prompt gets a table of its own instead of growing (and freeing) one that a captured
-  // decode graph points at.
-  int64_t capacity = cuda_fused::kMaxTokens;
-  while (capacity < rope.n_tokens) capacity *= 2;
-  cuda::SignatureHash sized;
-  sized.pod(key), sized.pod(capacity);
-  key = sized.value;
   RopeTable* entry = nullptr;
   for (RopeTable& t : rope_tables_)
     if (t.key == key) entry = &t;
   if (!entry) {
-    rope_tables_.push_back({key, allocate(size_t(capacity) * size_t(rope.n_rot) * sizeof(float)), false});
+    rope_tables_.push_back({key, allocate(size_t(cuda_fused::kMaxTokens) * size_t(rope.n_rot) * sizeof(float)), false});
     entry = &rope_tables_.back();
   }
   auto* table = static_cast<float*>(entry->buffer->data());
-  if (!entry->current || entry->tokens < rope.n_tokens) {
+  if (!entry->current) {
     // Straight to the graph, ahead of the held products (record() would record them first):
     // the kernel reads only the positions and writes only the table, which nothing reads yet.
     cuda::SignatureHash h;
     h.pod(key), h.pod(table), h.pod(rope.n_tokens);
     graphs_->add(h, rope.n_tokens, [=](cudaStream_t s) { return cuda::rope_table(rope, table, s); }, "rope_table");
     entry->current = true;
-    entry->tokens = rope.n_tokens;
   }
   return table;
 }
