@@ -158,6 +158,19 @@ inline HostQ8 quantize_q8_host(const std::vector<float>& x) {
 
 // got[i] within tol[i] of ref[i] for every i; NaN (an unwritten, poisoned element) never
 // passes. On failure: how many, and the first mismatches with index and both values.
+// rmsnorm of T rows of K in double: x / sqrt(mean(x^2) + eps) * w.
+inline std::vector<double> double_rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int64_t K,
+                                          int64_t T, double eps) {
+  std::vector<double> out(size_t(K * T));
+  for (int64_t t = 0; t < T; ++t) {
+    double sum_sq = 0;
+    for (int64_t i = 0; i < K; ++i) sum_sq += double(x[size_t(t * K + i)]) * x[size_t(t * K + i)];
+    const double inv = 1.0 / std::sqrt(sum_sq / double(K) + eps);
+    for (int64_t i = 0; i < K; ++i) out[size_t(t * K + i)] = x[size_t(t * K + i)] * inv * w[size_t(i)];
+  }
+  return out;
+}
+
 inline ::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<double>& ref,
                                             const std::vector<double>& tol, const std::string& what) {
   if (got.size() != ref.size()) return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << ref.size();

@@ -18,6 +18,7 @@ namespace kiln::testing {
 
 using cuda::testing::all_close;
 using cuda::testing::all_equal_bits;
+using cuda::testing::double_rmsnorm;
 using cuda::testing::random_floats;
 using cuda::testing::random_rows;
 
@@ -87,18 +88,5 @@ class FusedOps : public ::testing::Test {
   std::unique_ptr<CudaBackend> gpu_;
   std::vector<std::unique_ptr<Buffer>> buffers_;
 };
-
-// rmsnorm of T rows of K in double: x / sqrt(mean(x^2) + eps) * w.
-inline std::vector<double> double_rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int64_t K,
-                                          int64_t T, double eps) {
-  std::vector<double> out(size_t(K * T));
-  for (int64_t t = 0; t < T; ++t) {
-    double sum_sq = 0;
-    for (int64_t i = 0; i < K; ++i) sum_sq += double(x[size_t(t * K + i)]) * x[size_t(t * K + i)];
-    const double inv = 1.0 / std::sqrt(sum_sq / double(K) + eps);
-    for (int64_t i = 0; i < K; ++i) out[size_t(t * K + i)] = x[size_t(t * K + i)] * inv * w[size_t(i)];
-  }
-  return out;
-}
 
 }  // namespace kiln::testing

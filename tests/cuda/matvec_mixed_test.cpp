@@ -138,16 +138,8 @@ void check_mixed(const MixedCase& c, uint64_t seed) {
   std::vector<float> y[kParts];
   for (int i = 0; i < kParts; ++i) y[i] = to_host<float>(y_d[i], size_t(c.rows[i] * T));
 
-  if (c.norm) {
-    std::vector<double> want(size_t(K * T));
-    for (int64_t t = 0; t < T; ++t) {
-      double sum_sq = 0;
-      for (int64_t i = 0; i < K; ++i) sum_sq += double(x[size_t(t * K + i)]) * x[size_t(t * K + i)];
-      const double inv = 1.0 / std::sqrt(sum_sq / double(K) + kEps);
-      for (int64_t i = 0; i < K; ++i) want[size_t(t * K + i)] = x[size_t(t * K + i)] * inv * norm_w[size_t(i)];
-    }
-    ASSERT_TRUE(all_close(normed, want, 2e-6, 0.0, "normed vs double rmsnorm"));
-  }
+  if (c.norm)
+    ASSERT_TRUE(all_close(normed, double_rmsnorm(x, norm_w, K, T, kEps), 2e-6, 0.0, "normed vs double rmsnorm"));
 
   std::vector<float> deq(static_cast<size_t>(K));
   for (int i = 0; i < kParts; ++i) {
