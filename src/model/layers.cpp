@@ -132,33 +132,40 @@ Tensor run_experts(ForwardPass& p, int il, const Tensor& x, const Tensor& ids, c
   return out;
 }
 
+// The router's logits and the routing's choice for every token of the pass.
+struct Routing {
+  Tensor logits, ids, weights;
+};
+
+Routing routing_scratch(ForwardPass& p, const LayerWeights& lw, const MoeRouteParams& route) {
+  return {p.scratch("ffn_moe_logits", lw.moe_router.ne[1], p.n_tokens),
+          p.scratch("ffn_moe_ids", route.n_used, p.n_tokens, GgmlType::I32),
+          p.scratch("ffn_moe_weights", route.n_used, p.n_tokens)};
+}
+
 }  // namespace
 
 Tensor build_moe(ForwardPass& p, int il, const Tensor& x, const MoeRouteParams& route, const GluParams& act,
                  Tensor* residual) {
   const LayerWeights& lw = p.w.layers[size_t(il)];
-  Tensor router = p.scratch("ffn_moe_logits", lw.moe_router.ne[1], p.n_tokens);
-  p.backend.matmul(x, lw.moe_router, lw.moe_router_b, router);
-  p.observe(router, "ffn_moe_logits", il);
-  Tensor ids = p.scratch("ffn_moe_ids", route.n_used, p.n_tokens, GgmlType::I32);
-  Tensor weights = p.scratch("ffn_moe_weights", route.n_used, p.n_tokens);
-  p.backend.moe_route(router, route, ids, weights);
-  p.observe(weights, "ffn_moe_weights", il);
-  return run_experts(p, il, x, ids, weights, act, residual);
+  Routing r = routing_scratch(p, lw, route);
+  p.backend.matmul(x, lw.moe_router, lw.moe_router_b, r.logits);
+  p.observe(r.logits, "ffn_moe_logits", il);
+  p.backend.moe_route(r.logits, route, r.ids, r.weights);
+  p.observe(r.weights, "ffn_moe_weights", il);
+  return run_experts(p, il, x, r.ids, r.weights, act, residual);
 }
 
 Tensor build_norm_moe(ForwardPass& p, int il, const Tensor& x, Tensor& normed, const MoeRouteParams& route,
                       const GluParams& act, Tensor* residual) {
   const LayerWeights& lw = p.w.layers[size_t(il)];
-  Tensor router = p.scratch("ffn_moe_logits", lw.moe_router.ne[1], p.n_tokens);
-  Tensor ids = p.scratch("ffn_moe_ids", route.n_used, p.n_tokens, GgmlType::I32);
-  Tensor weights = p.scratch("ffn_moe_weights", route.n_used, p.n_tokens);
-  p.backend.rmsnorm_moe_route(x, lw.ffn_norm, p.hp.rms_eps, normed, lw.moe_router, lw.moe_router_b, route, router, ids,
-                              weights);
+  Routing r = routing_scratch(p, lw, route);
+  p.backend.rmsnorm_moe_route(x, lw.ffn_norm, p.hp.rms_eps, normed, lw.moe_router, lw.moe_router_b, route, r.logits,
+                              r.ids, r.weights);
   p.observe(normed, "ffn_norm", il);
-  p.observe(router, "ffn_moe_logits", il);
-  p.observe(weights, "ffn_moe_weights", il);
-  return run_experts(p, il, normed, ids, weights, act, residual);
+  p.observe(r.logits, "ffn_moe_logits", il);
+  p.observe(r.weights, "ffn_moe_weights", il);
+  return run_experts(p, il, normed, r.ids, r.weights, act, residual);
 }
 
 void build_output(ForwardPass& p, const Tensor& x) {
