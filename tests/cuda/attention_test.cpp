@@ -2,7 +2,9 @@
 // paged cache with shuffled block tables, at contexts 1, 17, 1000 and 5000 (which take one
 // key range or several merged ranges), and with given plans at planned contexts (a graph's
 // bucket) longer than the tokens' own: ranges merged in a cluster (1..16 ranges) or by the
-// second kernel, empty ranges among them.
+// second kernel, empty ranges among them, or one range in blocks of 512 threads. The int8
+// copy of the output every plan can leave is checked byte for byte against quantize_q8's
+// arithmetic on the f32 output.
 //
 // Error bound: f32 dot products, expf and f32 sums: |out - ref| <= 2e-5 * sum_j p_j |v_j|
 // (+ 1e-7) per element, p_j the reference softmax weights. With an f16 cache the reference
@@ -36,6 +38,37 @@ DecodeAttentionPlan given_plan(int heads_per_block, int n_splits, int keys_per_s
   DecodeAttentionPlan p;
   p.heads_per_block = heads_per_block, p.n_splits = n_splits, p.keys_per_split = keys_per_split, p.cluster = cluster;
   return p;
+}
+
+// One range of `keys` keys in blocks of 512 threads.
+DecodeAttentionPlan wide_plan(int heads_per_block, int keys) {
+  DecodeAttentionPlan p = given_plan(heads_per_block, 1, keys, false);
+  p.wide = true;
+  return p;
+}
+
+// The int8 copy the kernel left of one output row must be quantize_q8's bytes of the f32
+// outputs it wrote: per block of 32, d = max|v| / 127, q = round(v / d), (d, d * sum q).
+void expect_q8_copy_of(const float* out, int64_t n, const uint8_t* row, const std::string& what) {
+  const int8_t* qs = reinterpret_cast<const int8_t*>(row);
+  const float* ds = reinterpret_cast<const float*>(row + (n + 15) / 16 * 16);
+  int bad = 0;
+  for (int64_t b = 0; b < n / 32; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(out[b * 32 + i]));
+    const float d = amax / 127.0f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = d == 0.0f ? 0 : int(std::round(out[b * 32 + i] / d));
+      sum += q;
+      if (qs[b * 32 + i] != q && bad++ < 4)
+        ADD_FAILURE() << what << ": int8 value " << b * 32 + i << " is " << int(qs[b * 32 + i]) << ", want " << q;
+    }
+    if ((ds[2 * b] != d || ds[2 * b + 1] != d * float(sum)) && bad++ < 4)
+      ADD_FAILURE() << what << ": block " << b << " scales (" << ds[2 * b] << ", " << ds[2 * b + 1] << "), want ("
+                    << d << ", " << d * float(sum) << ")";
+  }
+  EXPECT_EQ(bad, 0) << what << ": int8 copy differs in " << bad << " places";
 }
 
 void run_case(const AttnCase& c, uint64_t seed) {
@@ -100,14 +133,27 @@ void run_case(const AttnCase& c, uint64_t seed) {
   a.sinks = c.sinks ? s_d.as<float>() : nullptr;
   a.out = out_d.as<float>();
   a.out_stride = out_stride;
+  // Every plan leaves the int8 copy of the output too when asked (rows of 32-value blocks).
+  const int64_t n_out = int64_t(c.n_head) * D;
+  const int64_t q8_row = ((n_out + n_out / 32 * 8 + 15) / 16 + 1) * 16;  // values, scales, a 16-byte multiple
+  DeviceBuffer q8_d(size_t(std::max<int64_t>(16, n_seq * q8_row)));
+  q8_d.poison();
+  if (n_out % 32 == 0) a.out_q8 = static_cast<uint8_t*>(q8_d.as()), a.out_q8_row_bytes = q8_row;
   const DecodeAttentionPlan plan = c.plan ? *c.plan : plan_decode_attention(a);
   SCOPED_TRACE("planned context " + std::to_string(max_context) + ": " + std::to_string(plan.heads_per_block) +
                " heads per block, " + std::to_string(plan.n_splits) + " ranges of " +
-               std::to_string(plan.keys_per_split) + (plan.cluster ? " keys, cluster" : " keys"));
+               std::to_string(plan.keys_per_split) +
+               (plan.cluster ? " keys, cluster" : plan.wide ? " keys, 512 threads" : " keys"));
   DeviceBuffer scratch(std::max<size_t>(16, decode_attention_scratch_bytes(a, plan)));
   scratch.poison();
   KILN_STATUS_OK(decode_attention(a, plan, scratch.as(), scratch.bytes(), nullptr));
   const std::vector<float> out_all = to_host<float>(out_d, size_t(n_seq * out_stride));
+  if (a.out_q8) {
+    const std::vector<uint8_t> q8_all = to_host<uint8_t>(q8_d, size_t(n_seq * q8_row));
+    for (int s = 0; s < n_seq; ++s)
+      expect_q8_copy_of(&out_all[size_t(s * out_stride)], n_out, &q8_all[size_t(s * q8_row)],
+                        "sequence " + std::to_string(s));
+  }
 
   std::vector<float> got;
   std::vector<double> want, tol;
@@ -264,6 +310,35 @@ TEST(CudaDecodeAttention, SecondKernelMergesShortRanges) {
   run_case(w, 48);
 }
 
+// One range per head group in blocks of 512 threads (several key steps where the range is
+// longer than one step), the token anywhere in the planned span; with several sequences,
+// sinks, soft-capping, a window, both caches and the three head sizes.
+TEST(CudaDecodeAttention, WideBlocksTakeOneRange) {
+  KILN_REQUIRE_GPU();
+  for (int heads : {1, 2}) {
+    AttnCase c{128, 32, 8, GgmlType::F16, {0, 40, 127, 128, 255}};
+    c.max_context = 256;
+    c.plan = wide_plan(heads, 256);
+    run_case(c, 60 + heads);
+  }
+  AttnCase w{64, 12, 2, GgmlType::F32, {3, 90, 249, 500}};
+  w.sinks = true;
+  w.softcap = 15.0f;
+  w.q_scale = 4.0f;
+  w.window = 100;
+  w.max_context = 501;
+  w.plan = wide_plan(2, 100);
+  run_case(w, 63);
+  AttnCase big{256, 8, 2, GgmlType::F16, {0, 77, 300}};
+  big.max_context = 320;
+  big.plan = wide_plan(2, 320);
+  run_case(big, 64);
+  AttnCase one{128, 16, 2, GgmlType::F32, {5}};
+  one.sinks = true;
+  one.plan = wide_plan(1, 32);
+  run_case(one, 65);
+}
+
 // What plan_decode_attention() picks for one Llama-3-8B token (32 query heads over 8 kv
 // heads of 128) as the planned context grows (attention.cu names the three regimes).
 TEST(CudaDecodeAttention, PlanRegimes) {
@@ -272,13 +347,13 @@ TEST(CudaDecodeAttention, PlanRegimes) {
   const bool clusters = decode_attention_clusters_available();
   struct Want {
     int context, heads, n_splits, keys;
-    bool cluster;
+    bool cluster, wide = false;
   };
   const Want wants[] = {
-      {100, 2, 4, 32, false},   {256, 2, 8, 32, false},
-      {512, 4, 16, 32, true},   {1024, 4, 16, 64, true},
-      {2048, 4, 16, 128, true}, {4096, 4, 64, 64, false},
-      {40000, 4, 79, 512, false},
+      {100, 1, 1, 128, false, true}, {256, 1, 1, 256, false, true},
+      {257, 4, 9, 32, true},         {512, 4, 16, 32, true},
+      {1024, 4, 16, 64, true},       {2048, 4, 16, 128, true},
+      {4096, 4, 64, 64, false},      {40000, 4, 79, 512, false},
   };
   for (Want w : wants) {
     SCOPED_TRACE("context " + std::to_string(w.context));
@@ -292,6 +367,7 @@ TEST(CudaDecodeAttention, PlanRegimes) {
     EXPECT_EQ(p.n_splits, w.n_splits);
     EXPECT_EQ(p.keys_per_split, w.keys);
     EXPECT_EQ(p.cluster, w.cluster && clusters);
+    EXPECT_EQ(p.wide, w.wide);
   }
 }
 
@@ -311,6 +387,14 @@ TEST(CudaDecodeAttention, RefusesPlansThatDoNotFit) {
   const Status heads = decode_attention(a, given_plan(8, 16, 64, false), nullptr, 0, nullptr);
   EXPECT_FALSE(heads.ok());
   EXPECT_NE(heads.message().find("8 heads per block for groups of 4"), std::string::npos) << heads.message();
+  DecodeAttentionPlan wide_split = wide_plan(2, 512);
+  wide_split.n_splits = 2;
+  const Status wide = decode_attention(a, wide_split, nullptr, 0, nullptr);
+  EXPECT_FALSE(wide.ok());
+  EXPECT_NE(wide.message().find("a wide plan takes one range"), std::string::npos) << wide.message();
+  const Status wide_heads = decode_attention(a, wide_plan(4, 1000), nullptr, 0, nullptr);
+  EXPECT_FALSE(wide_heads.ok());
+  EXPECT_NE(wide_heads.message().find("a wide plan takes one range"), std::string::npos) << wide_heads.message();
 }
 
 TEST(CudaDecodeAttention, RefusesUnsupportedHeadDim) {

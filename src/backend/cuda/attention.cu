@@ -19,6 +19,15 @@ bool switched_off(const char* name) {
 
 int64_t round_up_32(int64_t n) { return (n + 31) / 32 * 32; }
 
+// A measurement knob read once: the integer in `name`, or `fallback` when unset or not a number.
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return *end == '\0' && n >= 0 && n <= (1 << 20) ? int(n) : fallback;
+}
+
 bool valid_shape(const DecodeAttentionArgs& a) {
   return a.n_seq > 0 && a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 && a.max_context > 0;
 }
@@ -70,7 +79,10 @@ bool decode_attention_clusters_available() {
   return available;
 }
 
-// Three regimes, from the chained decode graph on the H200 (docs/perf-notes.md, v9):
+// Four regimes, from the chained decode graph on the H200 (docs/perf-notes.md, v9 and v10):
+//  - spans of at most 256 keys (the smallest graph bucket): one range per head group in
+//    blocks of 512 threads (wide), which write the output and its int8 copy themselves: no
+//    merge, no second kernel;
 //  - short spans: at most 2 query heads per block and ranges of 32 keys (one step of the key
 //    loop), merged by combine_kernel, when that takes at most kShortPlanSplits ranges.
 //    Measured at contexts 1..128: smaller blocks and one key step won, and a cluster merge of
@@ -83,8 +95,16 @@ bool decode_attention_clusters_available() {
 DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& a) {
   constexpr int kShortPlanSplits = 8;
   static const bool prefetch = !switched_off("KILN_CUDA_ATTN_PREFETCH");
+  // Knobs for measuring (KILN_CUDA_ATTN_WIDE_SPAN=0 turns the wide regime off).
+  static const int wide_span = env_int("KILN_CUDA_ATTN_WIDE_SPAN", 256);
+  static const int wide_heads = std::clamp(env_int("KILN_CUDA_ATTN_WIDE_HEADS", 1), 1, kMaxWideHeads);
   DecodeAttentionPlan plan;
-  if (valid_shape(a)) {  // else decode_attention() refuses the arguments
+  if (valid_shape(a) && key_span(a) <= wide_span) {
+    plan.heads_per_block = heads_per_block(a, wide_heads);
+    plan.n_splits = 1;
+    plan.keys_per_split = int(round_up_32(key_span(a)));
+    plan.wide = true;
+  } else if (valid_shape(a)) {  // else decode_attention() refuses the arguments
     const int64_t span = key_span(a);
     const int narrow = heads_per_block(a, 2), wide = heads_per_block(a, 8);
     const int64_t short_ranges = ranges_wanted(a, narrow), wide_ranges = ranges_wanted(a, wide);
@@ -143,6 +163,9 @@ Status decode_attention(const DecodeAttentionArgs& a, const DecodeAttentionPlan&
     return Status::invalid("decode_attention: plan of " + std::to_string(plan.n_splits) + " ranges of " +
                            std::to_string(plan.keys_per_split) + " keys does not cover " +
                            std::to_string(key_span(a)) + " keys");
+  if (plan.wide && (plan.n_splits != 1 || plan.cluster || h > kMaxWideHeads))
+    return Status::invalid("decode_attention: a wide plan takes one range of at most " +
+                           std::to_string(kMaxWideHeads) + " heads per block, no cluster");
   if (plan.cluster && (plan.n_splits > kMaxClusterSplits || !decode_attention_clusters_available()))
     return Status::invalid("decode_attention: a cluster of " + std::to_string(plan.n_splits) +
                            " ranges (at most " + std::to_string(kMaxClusterSplits) + ", sm_90)");

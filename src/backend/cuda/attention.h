@@ -53,10 +53,9 @@ struct DecodeAttentionArgs {
   const float* sinks = nullptr;   // [n_head] or null
   float* out = nullptr;           // [n_seq][n_head * head_dim]
   int64_t out_stride = 0;
-  // Optional, used when the key range is split (plan_decode_attention(args).n_splits > 1):
-  // the output's int8 copy for the next product, in quantize_q8's layout (q8_vector_in of
-  // out_q8 + s * row bytes), written where the ranges merge. n_head * head_dim a multiple
-  // of 32.
+  // Optional: the output's int8 copy for the next product, in quantize_q8's layout
+  // (q8_vector_in of out_q8 + s * row bytes), written where the output is (where the ranges
+  // merge, or by the block of a one-range plan). n_head * head_dim a multiple of 32.
   uint8_t* out_q8 = nullptr;
   int64_t out_q8_row_bytes = 0;
 };
@@ -70,7 +69,11 @@ struct DecodeAttentionPlan {
   int keys_per_split = 0;
   bool cluster = false;     // the ranges merge inside a thread block cluster, not in a second kernel
   bool prefetch = true;     // the blocks ask L2 for their K/V rows before waiting for the kernel before
+  // Blocks of 512 threads instead of 128 (32 keys per step of the key loop become 128 at head
+  // size 128): only with one range (n_splits 1, no cluster) and at most kMaxWideHeads heads.
+  bool wide = false;
 };
+inline constexpr int kMaxWideHeads = 2;
 DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& args);
 // Whether plans may merge in clusters here: an sm_90 device, and KILN_CUDA_ATTN_CLUSTER not 0.
 bool decode_attention_clusters_available();

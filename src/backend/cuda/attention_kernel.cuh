@@ -3,7 +3,8 @@
 // attention_d64.cu, attention_d128.cu and attention_d256.cu so that they compile in parallel.
 //
 // Grid: (sequence, group of kHeads query heads that share one kv head, key range). A block
-// of 128 threads loads its queries into shared memory; then kLanesPerKey = D/8 threads
+// of 128 threads (512 for a wide plan: one range, four times the keys per step) loads its
+// queries into shared memory; then kLanesPerKey = D/8 threads
 // share a key, each reading 8 elements of its K and V rows with 16-byte loads (several keys
 // in flight), reduce the partial q.k with warp shuffles, and fold the key into a running
 // softmax (online: max, sum, unnormalized output). The groups' states merge through
@@ -21,6 +22,7 @@
 // for nothing: it leaves at once, or in a cluster only joins the barriers.
 #include <cooperative_groups.h>
 
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/attention.h"
@@ -31,6 +33,7 @@ namespace kiln::cuda::detail {
 
 inline constexpr int kAttnThreads = 128;
 inline constexpr int kAttnWarps = kAttnThreads / kWarpSize;
+inline constexpr int kWideAttnThreads = 512;   // blocks of a one-range plan (DecodeAttentionPlan::wide)
 inline constexpr int kMaxSplitKeys = 512;      // keys one block handles at most
 inline constexpr int kMaxClusterKeys = 128;    // ... in a cluster plan (longer: more blocks, second kernel)
 // (plan_decode_attention in attention.cu picks the ranges; kMaxClusterSplits in attention.h)
@@ -143,15 +146,16 @@ __device__ void merge_in_cluster(const DecodeAttentionArgs& a, int seq, int head
   cluster.sync();  // no block leaves while another may still read its shared memory
 }
 
-template <int D, typename KV, int kHeads, bool kSoftcap, bool kCluster>
-__global__ void __launch_bounds__(kAttnThreads)
+template <int D, typename KV, int kHeads, bool kSoftcap, bool kCluster, int kThreads = kAttnThreads>
+__global__ void __launch_bounds__(kThreads)
     attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, bool prefetch, float* __restrict__ partial) {
   constexpr int kLanesPerKey = D / 8;
-  constexpr int kKeyGroups = kAttnThreads / kLanesPerKey;
+  constexpr int kWarps = kThreads / kWarpSize;
+  constexpr int kKeyGroups = kThreads / kLanesPerKey;
   constexpr int kUnroll = kHeads >= 8 ? 2 : 4;  // keys per group and step (registers allowing)
   __shared__ __align__(16) float q_s[kHeads][D];
-  __shared__ float red_s[kAttnWarps][kHeads][D];  // in a cluster, red_s[0] then holds the block's output
-  __shared__ float stat_s[kAttnWarps][kHeads][2];
+  __shared__ float red_s[kWarps][kHeads][D];  // in a cluster, red_s[0] then holds the block's output
+  __shared__ float stat_s[kWarps][kHeads][2];
   __shared__ float ml_s[kHeads][2];  // in a cluster: the block's (max, sum) per head
 
   const int seq = blockIdx.x, head0 = blockIdx.y * kHeads, split = blockIdx.z;
@@ -168,7 +172,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const KV* k_head = static_cast<const KV*>(a.k_cache) + int64_t(kv_head) * D;
   const KV* v_head = static_cast<const KV*>(a.v_cache) + int64_t(kv_head) * D;
   if (prefetch)
-    for (int j = tid; j < n_keys; j += kAttnThreads) {
+    for (int j = tid; j < n_keys; j += kThreads) {
       const int64_t slot = slot_of(a, table, k0 + j);
       prefetch_l2(k_head + slot * a.k_slot_stride, D * sizeof(KV));
       prefetch_l2(v_head + slot * a.v_slot_stride, D * sizeof(KV));
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 
   // An f16 cache takes an f16 query (as llama.cpp's flash attention and the CPU backend):
   // the products are then exact and only the f32 sums round.
-  for (int i = tid; i < kHeads * D; i += kAttnThreads) {
+  for (int i = tid; i < kHeads * D; i += kThreads) {
     const float qv = a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D];
     q_s[i / D][i % D] = std::is_same_v<KV, __half> ? __half2float(__float2half_rn(qv)) : qv;
   }
@@ -270,15 +274,15 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
   __syncthreads();
 
-  for (int i = tid; i < kHeads * D; i += kAttnThreads) {
+  for (int i = tid; i < kHeads * D; i += kThreads) {
     const int h = i / D, d = i % D, head = head0 + h;
     float mt = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) mt = fmaxf(mt, stat_s[w][h][0]);
+    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, stat_s[w][h][0]);
     float lt = 0.0f, sum = 0.0f;
     if (mt != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < kAttnWarps; ++w) {
+      for (int w = 0; w < kWarps; ++w) {
         const float f = expf(stat_s[w][h][0] - mt);  // 0 for a warp without keys
         lt += stat_s[w][h][1] * f;
         sum += red_s[w][h][d] * f;
@@ -296,7 +300,10 @@ __global__ void __launch_bounds__(kAttnThreads)
         scale_acc = expf(mt - m2);
         denom = lt * scale_acc + expf(sink - m2);
       }
-      a.out[int64_t(seq) * a.out_stride + int64_t(head) * D + d] = sum * scale_acc / denom;
+      const float value = sum * scale_acc / denom;
+      const int64_t e = int64_t(head) * D + d;
+      a.out[int64_t(seq) * a.out_stride + e] = value;
+      if (a.out_q8) store_q8_piece(a, seq, e, value);  // a warp holds 32 consecutive outputs
     } else {
       float* rec = partial + ((int64_t(seq) * a.n_head + head) * n_splits + split) * (D + 2);
       rec[2 + d] = sum;
@@ -336,6 +343,14 @@ template <int D, typename KV, int kHeads, bool kSoftcap>
 Status launch_ranges(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, float* partial,
                      cudaStream_t stream) {
   const dim3 grid(unsigned(a.n_seq), unsigned(a.n_head / kHeads), unsigned(plan.n_splits));
+  if (plan.wide) {  // one range, no merge (decode_attention checked the plan)
+    if constexpr (kHeads <= kMaxWideHeads) {
+      launch_chained(attention_kernel<D, KV, kHeads, kSoftcap, false, kWideAttnThreads>, grid, kWideAttnThreads, 0,
+                     stream, a, plan.keys_per_split, 1, plan.prefetch, partial);
+      return launch_status("attention_kernel (one range, 512 threads)");
+    }
+    return Status::invalid("decode_attention: internal: a wide plan of " + std::to_string(kHeads) + " heads");
+  }
   if (plan.cluster) {
     const auto kernel = attention_kernel<D, KV, kHeads, kSoftcap, true>;
     // Clusters above the portable 8 blocks: allowed once for each kernel (this instantiation).

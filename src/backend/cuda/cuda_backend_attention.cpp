@@ -210,10 +210,10 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   const cuda::DecodeAttentionPlan plan = cuda::plan_decode_attention(a);
   const size_t need = cuda::decode_attention_scratch_bytes(a, plan);
   void* sp = need ? scratch(attention_scratch_, need) : nullptr;
-  // Where split ranges merge (a cluster or a second kernel), the output's int8 copy for the
-  // o product is left too (which then need not quantize it in every block).
+  // Where the output is written (a one-range block, a cluster or the second kernel), its int8
+  // copy for the o product is left too (which then need not quantize it in every block).
   const int64_t cols = int64_t(p.n_head) * p.head_dim_v;
-  uint8_t* q8 = plan.n_splits > 1 ? q8_for_next_matmul(cols, T, &a.out_q8_row_bytes) : nullptr;
+  uint8_t* q8 = q8_for_next_matmul(cols, T, &a.out_q8_row_bytes);
   a.out_q8 = q8;
   sig.v(a.max_context);
   sig.v(q8);
