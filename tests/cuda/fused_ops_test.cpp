@@ -66,7 +66,7 @@ TEST_F(FusedOps, MixedTypePartsMatchSeparateMatmuls) {
           const Tensor norm_w = floats({K}, w_host);
           const Tensor wq = weight(types[0], K, 200), wk = weight(types[1], K, 33), wv = weight(types[2], K, 64);
           const Tensor bias = random({33}), none;
-          Tensor normed = poisoned(K, T), q = poisoned(200, T), k = poisoned(33, T), v = poisoned(64, T);
+          Tensor normed = poisoned(K, T), q = poisoned(wq.ne[1], T), k = poisoned(33, T), v = poisoned(64, T);
           const Backend::MatmulPart parts[] = {{&wq, &none, &q}, {&wk, &bias, &k}, {&wv, nullptr, &v}};
           if (with_norm) {
             gpu_->rmsnorm_matmul_parts(x, norm_w, kEps, normed, parts);
@@ -131,9 +131,10 @@ TEST_F(FusedOps, NormInsideProductsMatchesProductsOfTheNormedVector) {
         const std::vector<float> x_host = random_floats(rng_, size_t(K * T), -1.5f, 1.5f);
         const std::vector<float> w_host = random_floats(rng_, size_t(K), 0.5f, 1.5f);
         const Tensor x = floats({K, T}, x_host), norm_w = floats({K}, w_host);
-        const Tensor wq = weight(type, K, 200), wk = weight(type, K, 33), wv = weight(type, K, 64);
+        // At K 4096 more row pairs than resident warps: several tasks per warp (as gate/up).
+        const Tensor wq = weight(type, K, K == 4096 ? 6600 : 200), wk = weight(type, K, 33), wv = weight(type, K, 64);
         const Tensor bias = random({33}), none;
-        Tensor normed = poisoned(K, T), q = poisoned(200, T), k = poisoned(33, T), v = poisoned(64, T);
+        Tensor normed = poisoned(K, T), q = poisoned(wq.ne[1], T), k = poisoned(33, T), v = poisoned(64, T);
         const Backend::MatmulPart parts[] = {{&wq, &none, &q}, {&wk, &bias, &k}, {&wv, nullptr, &v}};
         gpu_->rmsnorm_matmul_parts(x, norm_w, kEps, normed, parts);
 
@@ -247,12 +248,12 @@ TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
   }
 }
 
-// Decode attention whose key range is split leaves the int8 copy of its output (written
-// where the ranges merge) for the next product: the product over it must equal the product
+// Decode attention leaves the int8 copy of its output (written where the output is: a
+// one-range block, or where the ranges merge) for the next product: the product over it must equal the product
 // that quantizes the output afresh, bit for bit.
 TEST_F(FusedOps, AttentionInt8CopyMatchesQuantizingAgain) {
   const int n_head = 8, n_kv = 2, head_dim = 128, block = 16;
-  // {200, 149}: 7 short ranges merged by the second kernel; {300, 149}: 10 ranges merged in
+  // {200, 149}: one range per head in blocks of 512 threads; {300, 149}: 10 ranges merged in
   // a cluster (sm_90); {2500, 149}: in the second kernel (ranges too long for a cluster).
   for (const int32_t longest : {200, 300, 2500}) {
     SCOPED_TRACE("longest position " + std::to_string(longest));

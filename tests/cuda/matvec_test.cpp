@@ -140,6 +140,10 @@ TEST_P(MatvecTest, LlamaShapesAndGroupedWidths) {
   uint64_t seed = 9000 + uint64_t(type) * 100;
   check_matvec(type, {1, 4096}, 0, false, 0, 0, seed++);
   check_matvec(type, {301, 4096}, 0, true, 0, 0, seed++);
+  // Rows of two per task over x of 2048: more tasks than the one-stage launch's resident
+  // warps (two stages, several tasks per warp) and fewer (one stage, one task each).
+  check_matvec(type, {7001, 2048}, 0, false, 0, 0, seed++);
+  check_matvec(type, {5999, 2048}, 0, true, 0, 0, seed++);
   check_matvec(type, {33, 14336}, 0, false, 0, 0, seed++);
   check_matvec(type, {67, 17 * 256}, 0, true, 0, 0, seed++);
 }

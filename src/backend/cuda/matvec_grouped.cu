@@ -1,6 +1,8 @@
 // The grouped decode matvec for parts of one weight type: dispatch by type and width, the
 // shape checks and the public entry points of matvec_grouped.h (the kernel and its formats:
 // matvec_grouped_kernel.cuh).
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/matvec_grouped_kernel.cuh"
@@ -8,6 +10,15 @@
 namespace kiln::cuda {
 namespace detail {
 
+int grouped_one_stage_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("KILN_CUDA_GROUPED_ONE_STAGE");
+    if (v && std::strcmp(v, "0") == 0) return 0;
+    if (v && std::strcmp(v, "2") == 0) return 2;
+    return 1;
+  }();
+  return mode;
+}
 
 template <bool kFromF32>
 Status dispatch_type(GgmlType type, const GroupedSegments& seg, int64_t total_rows, int64_t cols,

@@ -35,7 +35,7 @@ constexpr int kGroupBlocks = 8;                      // blocks of 32 per group
 constexpr int kGroupElems = 32 * kGroupBlocks;       // 256 weights
 constexpr int kGroupedWarps = 8;
 constexpr int kGroupedThreads = kGroupedWarps * kWarpSize;
-constexpr int kGroupedStages = 2;
+constexpr int kGroupedStages = 2;  // copy stages per warp (1 where every warp has a single item, below)
 constexpr int kXGroupBytes = kGroupElems + 16;       // int8 x of one group + padding
 constexpr int kDsGroupBytes = kGroupBlocks * 8 + 16; // (d, d * sum) of its 8 blocks + padding
 
@@ -193,10 +193,10 @@ constexpr int stage_group_bytes() {
 }
 
 template <typename Fmt, typename FmtB = Fmt>
-size_t grouped_smem_bytes(int64_t cols) {
+size_t grouped_smem_bytes(int64_t cols, int stages = kGroupedStages) {
   const int64_t groups = cols / kGroupElems;
   return size_t(groups) * (kXGroupBytes + kDsGroupBytes) +
-         size_t(kGroupedWarps) * kGroupedStages * kWarpSize * stage_group_bytes<Fmt, FmtB>();
+         size_t(kGroupedWarps) * stages * kWarpSize * stage_group_bytes<Fmt, FmtB>();
 }
 
 // The parts of a two-format launch that are in the second format (bit i: part i), and their
@@ -227,28 +227,33 @@ __device__ __forceinline__ void accumulate_group(const uint8_t* group, const int
 
 // f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
 // layout the kernel reads: 8 lanes per block of 32 values, all loads issued before any
-// arithmetic so that the block waits for L2 once, not once per step.
+// arithmetic so that the block waits for L2 once, not once per step. kSteps float4 per
+// thread cover the widest x: kMaxF32InputCols, or 4096 for rows of two per task (at most
+// kMaxPairGroups groups), which keeps those kernels' registers down.
 constexpr int kF32Steps = int(kMaxF32InputCols) / (kGroupedThreads * 4);
+constexpr int kPairF32Steps = 16 * kGroupElems / (kGroupedThreads * 4);
 
 // The norm weights this thread will apply, loaded before the wait for the previous kernels
 // (no kernel of the step writes them): one L2 round trip less after it.
-__device__ __forceinline__ void load_norm_weights(const F32Input& in, int cols, float4 (&w)[kF32Steps]) {
+template <int kSteps>
+__device__ __forceinline__ void load_norm_weights(const F32Input& in, int cols, float4 (&w)[kSteps]) {
   if (!in.norm_weight) return;
 #pragma unroll
-  for (int s = 0; s < kF32Steps; ++s) {
+  for (int s = 0; s < kSteps; ++s) {
     const int i = (s * kGroupedThreads + int(threadIdx.x)) * 4;
     if (i < cols) w[s] = *reinterpret_cast<const float4*>(in.norm_weight + i);
   }
 }
 
+template <int kSteps>
 __device__ inline void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s,
-                                         const float4 (&norm_w)[kF32Steps]) {
+                                                const float4 (&norm_w)[kSteps]) {
   __shared__ float partial[kGroupedWarps];
   const int tid = threadIdx.x;
-  float4 v[kF32Steps];
+  float4 v[kSteps];
   float sum_sq = 0.0f;
 #pragma unroll
-  for (int s = 0; s < kF32Steps; ++s) {
+  for (int s = 0; s < kSteps; ++s) {
     const int i = (s * kGroupedThreads + tid) * 4;
     if (i < cols) {
       v[s] = *reinterpret_cast<const float4*>(in.x + i);
@@ -263,7 +268,7 @@ __device__ inline void quantize_input_to_shared(const F32Input& in, int cols, ui
     inv = rsqrtf(block_sum<kGroupedWarps>(sum_sq, partial) / float(cols) + in.eps);  // rmsnorm()'s formula
   }
 #pragma unroll
-  for (int s = 0; s < kF32Steps; ++s) {
+  for (int s = 0; s < kSteps; ++s) {
     const int i = (s * kGroupedThreads + tid) * 4;
     if (i >= cols) break;  // cols % 256 == 0: whole warps leave together
     float four[4] = {v[s].x, v[s].y, v[s].z, v[s].w};
@@ -308,15 +313,18 @@ __device__ __forceinline__ void rope_store_pair(const PairEpilogue& ep, int part
     store_as(static_cast<float*>(cache) + at, v);
 }
 
-// kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kFromF32: x arrives as f32
+// kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kStages: 2, or 1 for launches
+// where every warp has at most one item (launch_grouped picks it: then a warp's whole share
+// of the weights is in flight before the wait, and the smaller stages and fewer registers let
+// 3 blocks share a multiprocessor instead of 2). kFromF32: x arrives as f32
 // (`in`) and is quantized here; otherwise as quantize_q8's int8 copy (xqs, xds). FmtB != Fmt:
 // the parts `second` names are in FmtB. Each row of a task (the two rows may differ in
 // format) has kLanesPerRow groups of the larger format's size in the stage, and its lanes
 // read their groups at multiples of their own format's size from there (16-byte aligned for
 // q4_K whatever the other format). Rows of one part take one branch; a warp diverges only on
 // a task that straddles two parts of different formats.
-template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
-__global__ void __launch_bounds__(kGroupedThreads)
+template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages>
+__global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
     matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, SecondFormat second, int rows, int groups,
                           const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
                           PairEpilogue ep) {
@@ -330,7 +338,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int slot = lane / kLanesPerRow, li = lane % kLanesPerRow;
-  uint8_t* my_stages = stages + size_t(warp) * kGroupedStages * kWarpSize * kG;
+  uint8_t* my_stages = stages + size_t(warp) * kStages * kWarpSize * kG;
 
   const int chunks = (groups + kLanesPerRow - 1) / kLanesPerRow;  // per row
   const int tasks = (rows + kSlots - 1) / kSlots;
@@ -349,7 +357,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
       const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
       const int first_group = chunk * kLanesPerRow;
       const int chunk_groups = min(kLanesPerRow, groups - first_group);
-      uint8_t* dst_stage = my_stages + size_t(i & 1) * kWarpSize * kG;
+      uint8_t* dst_stage = my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG;
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
         const int row = first_row_of(task) + s;
@@ -373,8 +381,9 @@ __global__ void __launch_bounds__(kGroupedThreads)
   // them), then x, which the kernels before produce, into shared memory, padded per group
   // (all threads).
   issue(0);
-  float4 norm_w[kFromF32 ? kF32Steps : 1];
-  if constexpr (kFromF32) load_norm_weights(in, groups * kGroupElems, norm_w);
+  constexpr int kSteps = kLanesPerRow == 16 ? kPairF32Steps : kF32Steps;
+  float4 norm_w[kFromF32 ? kSteps : 1];
+  if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
   allow_next_kernel();
   if constexpr (kFromF32) {
@@ -392,14 +401,14 @@ __global__ void __launch_bounds__(kGroupedThreads)
 
   float acc = 0.0f;
   for (int i = 0; i < items; ++i) {
-    issue(i + 1);
-    cp_async_wait<1>();  // item i has landed (this lane's copies) ...
-    __syncwarp();        // ... and every lane's
+    if constexpr (kStages > 1) issue(i + 1);
+    cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
+    __syncwarp();                  // ... and every lane's
     const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
     const int group = chunk * kLanesPerRow + li;
     const int row = first_row_of(task) + slot;
     if (group < groups && row < rows) {
-      const uint8_t* stage = my_stages + size_t(i & 1) * kWarpSize * kG + slot * kLanesPerRow * kG;  // this row's
+      const uint8_t* stage = my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kLanesPerRow * kG;  // this row's
       const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
       const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
       if (kTwoFormats && second.has(seg.part_of(row)))
@@ -408,6 +417,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
         accumulate_group<Fmt>(stage + li * group_bytes<Fmt>(), xg, dg, acc);
     }
     __syncwarp();  // the stage is refilled by the next issue
+    if constexpr (kStages == 1) issue(i + 1);  // one stage: only once it is free (not taken by launch_grouped)
     if (chunk == chunks - 1) {
       float v = acc;
 #pragma unroll
@@ -436,36 +446,66 @@ __global__ void __launch_bounds__(kGroupedThreads)
   cp_async_wait<0>();
 }
 
-template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
-Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
-                      const SecondFormat& second, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
-                      cudaStream_t stream) {
-  auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32>;
-  const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols);
-  // Per kernel: the dynamic shared-memory limit raised once, resident blocks per SM for the
-  // largest size seen (smaller sizes fit at least as many).
-  static int attribute_set = 0, sms = 0;
+// Resident blocks of one kernel per multiprocessor for `smem` bytes (the largest size seen so
+// far: smaller sizes fit at least as many), with its shared-memory limit raised once (state
+// per kernel: the template argument is the kernel itself).
+template <auto kernel>
+Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
+  static int attribute_set = 0, sm_count = 0, blocks = 0;
   static size_t occupancy_smem = 0;
-  static int blocks_per_sm = 0;
   if (!attribute_set) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
         e != cudaSuccess)
       return Status::from_cuda(e, "cudaFuncSetAttribute (matvec_grouped_kernel)");
     int device = 0;
     cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
     attribute_set = 1;
   }
   if (smem > occupancy_smem) {
-    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kGroupedThreads, smem);
+    if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGroupedThreads, smem);
         e != cudaSuccess)
       return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (matvec_grouped_kernel)");
     occupancy_smem = smem;
   }
+  blocks_per_sm = max(1, blocks), sms = max(1, sm_count);
+  return Status();
+}
+
+// Where one-stage launches are taken: KILN_CUDA_GROUPED_ONE_STAGE=0 never, 2 for every
+// launch that fits, else (1, the default) only for x of at most kOneStageMaxCols values.
+// Measured (docs/perf-notes.md, round 8): Qwen3-30B-A3B's q/k/v over 2048 values gained
+// (tg128 427.4 -> 436.2), Llama-3-8B's over 4096 lost (Q4_0 561.0 -> 547.7).
+constexpr int64_t kOneStageMaxCols = 2048;
+int grouped_one_stage_mode();
+
+template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
+Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
+                      const SecondFormat& second, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
+                      cudaStream_t stream) {
   constexpr int kSlots = kWarpSize / kLanesPerRow;
   const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
-  const int grid = int(min64(blocks_needed, int64_t(max(1, blocks_per_sm)) * max(1, sms)));
+  int blocks_per_sm = 0, sms = 0;
+  // Rows of two per task are one item each (one chunk per row): where every task fits a warp
+  // of the one-stage kernel's resident blocks, each warp has a single item.
+  if constexpr (kLanesPerRow == 16) {
+    const int mode = grouped_one_stage_mode();
+    if (mode == 2 || (mode == 1 && cols <= kOneStageMaxCols)) {
+      constexpr auto one_stage = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 1>;
+      const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 1);
+      if (Status s = grouped_occupancy<one_stage>(smem, blocks_per_sm, sms); !s.ok()) return s;
+      if (blocks_needed <= int64_t(blocks_per_sm) * sms) {
+        launch_chained(one_stage, int(blocks_needed), kGroupedThreads, smem, stream, seg, w_row_bytes, second,
+                       int(total_rows), int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
+        return launch_status("matvec_grouped_kernel (one stage)");
+      }
+    }
+  }
+  constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32>;
+  const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols);
+  if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
+  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
   launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
                  int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
   return launch_status("matvec_grouped_kernel");
