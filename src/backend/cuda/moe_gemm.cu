@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_gate_up_ge
     float g = c[n * kLdC + r], u = c[n * kLdC + r + 64];
     if (a.gate.bias) g += a.gate.bias[int64_t(tile.expert) * a.gate.bias_stride + row];
     if (a.up.bias) u += a.up.bias[int64_t(tile.expert) * a.up.bias_stride + row];
-    h[int64_t(tile.start + n) * a.n_ff + row] = __float2bfloat16_rn(moe_glu(a.act, g, u, a.alpha, a.limit));
+    h[int64_t(tile.start + n) * a.n_ff + row] = __float2bfloat16_rn(glu_of(a.act, g, u, a.alpha, a.limit));
   }
 }
 

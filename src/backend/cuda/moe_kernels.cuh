@@ -1,26 +1,15 @@
 #pragma once
-// Device pieces shared by the MoE kernels (moe_matvec.cu, moe_gemm.cu): the GLU, plain
+// Device pieces shared by the MoE kernels (moe_matvec.cu, moe_gemm.cu): plain
 // (f32 / f16 / bf16) weights seen through the same decode8 interface as the block formats,
 // and a visitor over every weight type the MoE kernels take.
 #include <cmath>
 
 #include "backend/cuda/block_formats.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/glu_math.cuh"
 #include "backend/cuda/ops.h"
 
 namespace kiln::cuda::detail {
-
-// The same formulas as the CPU backend's glu (cpu/ops_basic.cpp).
-__device__ __forceinline__ float moe_glu(GluKind kind, float g, float u, float alpha, float limit) {
-  if (kind == GluKind::Silu) return g / (1.0f + expf(-g)) * u;
-  if (kind == GluKind::GeluTanh) {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
-    return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * u;
-  }
-  const float gc = fminf(g, limit);
-  const float uc = fminf(fmaxf(u, -limit), limit);
-  return gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
-}
 
 __device__ __forceinline__ float moe_nan() { return __int_as_float(0x7fc00000); }
 

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kMoeThreads) moe_gate_up_q8_kernel(MoeFfnArgs 
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
   if (lane == 0)
     h[p * a.n_ff + r] = e < 0 ? moe_nan()
-                              : moe_glu(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
+                              : glu_of(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
 }
 
 // ---- down, weighted and summed over the slots ------------------------------------------------
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kMoeThreads) moe_gate_up_f32_kernel(MoeFfnArgs
   const float u = warp_sum(row_dot_f32<W>(expert_row(a.up, e, r), x, a.n_embd));
   if (lane == 0)
     h[p * a.n_ff + r] = e < 0 ? moe_nan()
-                              : moe_glu(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
+                              : glu_of(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
 }
 
 template <typename W>

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/glu_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/rope_math.cuh"
@@ -128,20 +129,6 @@ __global__ void __launch_bounds__(128) rope_kernel(RopeArgs a, RopeConstants c, 
   rotate_heads(a, t, first_head, heads_per_block, static_cast<float*>(nullptr), cos_s, sin_s);
 }
 
-template <GluKind kKind>
-__device__ __forceinline__ float glu_value(float gv, float uv, float alpha, float limit) {
-  if constexpr (kKind == GluKind::Silu) {
-    return gv / (1.0f + expf(-gv)) * uv;
-  } else if constexpr (kKind == GluKind::GeluTanh) {
-    constexpr float kSqrt2OverPi = 0.7978845608028654f;
-    return 0.5f * gv * (1.0f + tanhf(kSqrt2OverPi * (gv + 0.044715f * gv * gv * gv))) * uv;
-  } else {
-    const float gc = fminf(gv, limit);
-    const float uc = fminf(fmaxf(uv, -limit), limit);
-    return gc / (1.0f + expf(-alpha * gc)) * (uc + 1.0f);
-  }
-}
-
 // Grid (x blocks per row, rows); each thread takes 4 consecutive elements per step (16-byte
 // accesses when kVector) and, for many rows, a few steps, so that blocks are not too
 // short-lived.
@@ -157,10 +144,10 @@ __global__ void __launch_bounds__(256) glu_kernel(GluArgs a) {
     if constexpr (kVector) {
       const float4 gv = *reinterpret_cast<const float4*>(g + i), uv = *reinterpret_cast<const float4*>(u + i);
       float4 y;
-      y.x = glu_value<kKind>(gv.x, uv.x, a.alpha, a.limit);
-      y.y = glu_value<kKind>(gv.y, uv.y, a.alpha, a.limit);
-      y.z = glu_value<kKind>(gv.z, uv.z, a.alpha, a.limit);
-      y.w = glu_value<kKind>(gv.w, uv.w, a.alpha, a.limit);
+      y.x = glu_of(kKind, gv.x, uv.x, a.alpha, a.limit);
+      y.y = glu_of(kKind, gv.y, uv.y, a.alpha, a.limit);
+      y.z = glu_of(kKind, gv.z, uv.z, a.alpha, a.limit);
+      y.w = glu_of(kKind, gv.w, uv.w, a.alpha, a.limit);
       *reinterpret_cast<float4*>(o + i) = y;
       if (a.q8) {  // n % 128 == 0 (glu_can_quantize): whole warps take each step
         const float four[4] = {y.x, y.y, y.z, y.w};
@@ -169,7 +156,7 @@ __global__ void __launch_bounds__(256) glu_kernel(GluArgs a) {
                                     reinterpret_cast<float2*>(row_q8 + (a.n + 15) / 16 * 16) + i / 32);
       }
     } else {
-      for (int64_t k = i; k < i + 4 && k < a.n; ++k) o[k] = glu_value<kKind>(g[k], u[k], a.alpha, a.limit);
+      for (int64_t k = i; k < i + 4 && k < a.n; ++k) o[k] = glu_of(kKind, g[k], u[k], a.alpha, a.limit);
     }
   }
 }
