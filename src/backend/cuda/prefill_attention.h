@@ -39,6 +39,9 @@ struct PrefillAttentionArgs {
   const float* sinks = nullptr;  // [n_head] or null
   float* out = nullptr;          // [n_tokens][out_stride]
   int64_t out_stride = 0;
+  // Kernel version: 0 the default (v7, or v6 when KILN_CUDA_PREFILL_ATTN_V=6), 6 or 7 to
+  // choose one (tests and benchmarks run both).
+  int version = 0;
 };
 
 // Head sizes and cache types the kernel is built for (64 and 128; f32 and f16).
