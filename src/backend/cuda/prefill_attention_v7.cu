@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
   const int block_shift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
   const int kv_head = head / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int row_warp = warp % 4, half = warp / 4;
+  const int row_warp = warp % 4, key_half = warp / 4;
   const int g = lane / 4, t = lane % 4;
   const int32_t* table = a.block_tables + int64_t(a.seq_rows[0]) * a.block_table_stride;
 
@@ -181,9 +181,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
       detail::cp_async_wait<0>();
     }
     __syncthreads();  // this tile (and, at the first, Q) is in shared memory for every thread
-    const int kh = kb + half * kHalf;  // this warp's first key
-    const __half* k_cur = k_s + (tile % kStages) * kTile + half * kHalf * kRow;
-    const __half* v_cur = v_s + (tile % kStages) * kTile + half * kHalf * kRow;
+    const int kh = kb + key_half * kHalf;  // this warp's first key
+    const __half* k_cur = k_s + (tile % kStages) * kTile + key_half * kHalf * kRow;
+    const __half* v_cur = v_s + (tile % kStages) * kTile + key_half * kHalf * kRow;
 
     // S = Q Kᵀ for the warp's 16 rows and its 32 keys. K rows are Kᵀ's columns, so plain
     // ldmatrix gives B fragments: matrices of keys nb*8.. x dims kk*16 + 0/8/16/24.
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
   float* merge_ml = reinterpret_cast<float*>(k_s) + 4 * (D / 8) * 4 * kWarpSize + row_warp * 4 * kWarpSize;
   static_assert(4 * (D / 8 + 1) * 4 * kWarpSize * sizeof(float) <= 2 * kStages * kTile * sizeof(__half),
                 "the merge fits in the stages");
-  if (half == 1) {
+  if (key_half == 1) {
 #pragma unroll
     for (int nb = 0; nb < D / 8; ++nb)
 #pragma unroll
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
     }
   }
   __syncthreads();
-  if (half == 1) return;
+  if (key_half == 1) return;
   float factor_own[2], factor_other[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
