@@ -1,9 +1,9 @@
-// Prefill attention (backend/cuda/prefill_attention.h), both kernel versions, against a
+// Prefill attention (backend/cuda/prefill_attention.h), every kernel version, against a
 // double-precision reference over a paged cache with shuffled block tables: head sizes 64
 // and 128, f32 and f16 caches, GQA groups 1, 2, 4, block sizes 16, 24 (not a power of two)
 // and 32, prompts that start at 0 and after earlier keys, partial query blocks, sliding
-// windows, sinks and soft-capping. v7 splits each tile's keys between two warp groups and
-// merges their softmax states, so cases include rows whose half tile is wholly masked.
+// windows, sinks and soft-capping. v7 and v8 split each tile's keys between two warp groups
+// and merge their softmax states, so cases include rows whose half tile is wholly masked.
 //
 // Error bound: the kernel rounds q, k and v to f16 (the reference takes the same rounded
 // values) and the softmax weights to f16 for P·V (relative 2^-11 each), with f32 sums:
@@ -143,6 +143,12 @@ TEST(PrefillAttention, V7MatchesDoubleReference) {
   KILN_REQUIRE_GPU();
   uint64_t seed = 11;
   for (const PrefillCase& c : cases()) run_case(c, 7, seed++);
+}
+
+TEST(PrefillAttention, V8MatchesDoubleReference) {
+  KILN_REQUIRE_GPU();
+  uint64_t seed = 51;
+  for (const PrefillCase& c : cases()) run_case(c, 8, seed++);
 }
 
 TEST(PrefillAttention, V6MatchesDoubleReference) {

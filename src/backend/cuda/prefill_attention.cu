@@ -289,12 +289,14 @@ Status launch_v6(const PrefillAttentionArgs& a, cudaStream_t stream) {
   return f16 ? v6::launch<128, __half>(a, stream) : v6::launch<128, float>(a, stream);
 }
 
-// The version when the arguments name none: KILN_CUDA_PREFILL_ATTN_V=6 selects v6 (for
-// measurements side by side), anything else v7. Read once.
+// The version when the arguments name none: v8, or the one KILN_CUDA_PREFILL_ATTN_V names
+// (6 or 7, for measurements side by side). Read once.
 int default_version() {
   static const int version = [] {
     const char* v = std::getenv("KILN_CUDA_PREFILL_ATTN_V");
-    return v && std::strcmp(v, "6") == 0 ? 6 : 7;
+    if (v && std::strcmp(v, "6") == 0) return 6;
+    if (v && std::strcmp(v, "7") == 0) return 7;
+    return 8;
   }();
   return version;
 }
@@ -325,7 +327,8 @@ Status prefill_attention(const PrefillAttentionArgs& a, cudaStream_t stream) {
   const int version = a.version != 0 ? a.version : prefill_detail::default_version();
   if (version == 6) return prefill_detail::launch_v6(a, stream);
   if (version == 7) return prefill_detail::launch_v7(a, stream);
-  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6 or 7)");
+  if (version == 8) return prefill_detail::launch_v8(a, stream);
+  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6, 7 or 8)");
 }
 
 }  // namespace kiln::cuda

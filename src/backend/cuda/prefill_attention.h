@@ -39,8 +39,8 @@ struct PrefillAttentionArgs {
   const float* sinks = nullptr;  // [n_head] or null
   float* out = nullptr;          // [n_tokens][out_stride]
   int64_t out_stride = 0;
-  // Kernel version: 0 the default (v7, or v6 when KILN_CUDA_PREFILL_ATTN_V=6), 6 or 7 to
-  // choose one (tests and benchmarks run both).
+  // Kernel version: 0 the default (v8, or the one KILN_CUDA_PREFILL_ATTN_V=6|7 names), or 6,
+  // 7, 8 to choose one (tests and benchmarks run each).
   int version = 0;
 };
 

@@ -1,0 +1,381 @@
+// Prefill attention v8 (see prefill_attention.h for the contract, prefill_attention_v7.cu
+// for the design it refines).
+//
+// v7's two warp groups (keys 0..31 and 32..63 of every tile) shared each tile's copy and met
+// at two block-wide barriers per tile, so all 8 warps ran the same phase at the same time
+// (products, then softmax, then products) and left the tensor cores idle in between. In v8
+// each group copies its own half tiles into its own stages and synchronizes only its own 4
+// warps (a named barrier), once per tile: the groups drift apart and one's softmax overlaps
+// the other's products. The two groups meet twice: after Q is in shared memory, and for the
+// merge of their softmax states, which group 1 leaves in its own (then idle) stages.
+// Also: the per-element soft-cap and mask branches are hoisted out of the element loops,
+// and the kernel is launched chained (programmatic dependent launch): its blocks are
+// scheduled while the previous kernel drains and wait for it before reading anything.
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/prefill_attention_common.cuh"
+
+namespace kiln::cuda::prefill_detail {
+namespace v8 {
+
+using detail::kFullMask;
+using detail::kWarpSize;
+
+constexpr int kQueryRows = 64;  // query tokens per block
+constexpr int kKeys = 64;       // keys per tile
+constexpr int kHalf = kKeys / 2;  // keys per warp group and tile
+constexpr int kWarps = 8;       // two groups of four; warp w: rows 16 (w % 4).., keys kHalf (w / 4)..
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kGroupThreads = kThreads / 2;
+constexpr int kStages = 2;
+
+template <int D>
+constexpr size_t shared_bytes() {
+  return size_t(kQueryRows + 2 * kStages * kKeys) * (D + kPad) * sizeof(__half);
+}
+
+// How one thread of a group copies the group's half of a K / V tile: kPieces 16-byte pieces
+// per row, so each thread always takes the same column, and rows first_row + kRowStep * j
+// for j < kPerThread.
+template <int D, typename KV>
+struct TileCopy {
+  static constexpr int kWidth = 16 / int(sizeof(KV));  // elements per piece
+  static constexpr int kPieces = D / kWidth;
+  static constexpr int kRowStep = kGroupThreads / kPieces;
+  static constexpr int kPerThread = kHalf / kRowStep;
+  static_assert(kGroupThreads % kPieces == 0 && kHalf % kRowStep == 0, "whole rows per pass");
+};
+
+// The named barrier of warp group `key_half` (id 0 is __syncthreads').
+// Immediate ids, so that the compiler reserves 3 barriers rather than all 16.
+__device__ __forceinline__ void group_barrier(int key_half) {
+  if (key_half == 0)
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads) : "memory");
+  else
+    asm volatile("bar.sync 2, %0;\n" ::"n"(kGroupThreads) : "memory");
+}
+
+// The cache slots of this thread's rows of the half tile at key kb (-1: past key_end, zero-filled).
+template <int D, typename KV>
+__device__ __forceinline__ void fetch_slots(const PrefillAttentionArgs& a, const int32_t* table, int block_shift,
+                                            int kb, int key_end, int (&slots)[TileCopy<D, KV>::kPerThread]) {
+  using C = TileCopy<D, KV>;
+  const int first_row = (threadIdx.x % kGroupThreads) / C::kPieces;
+#pragma unroll
+  for (int j = 0; j < C::kPerThread; ++j) {
+    const int key = kb + first_row + j * C::kRowStep;
+    slots[j] = key < key_end ? int(slot_of(a, table, block_shift, key)) : -1;
+  }
+}
+
+// One K and one V half tile into a group's stage from the slots fetch_slots gave. An f16 cache is copied
+// asynchronously (the caller commits and waits); an f32 cache through registers, two rows
+// of loads in flight before they are converted (registers are short here).
+template <int D, typename KV>
+__device__ __forceinline__ void copy_tile(const PrefillAttentionArgs& a, int kv_head,
+                                          const int (&slots)[TileCopy<D, KV>::kPerThread], __half* k_dst,
+                                          __half* v_dst) {
+  using C = TileCopy<D, KV>;
+  constexpr int kRow = D + kPad;
+  const int first_row = (threadIdx.x % kGroupThreads) / C::kPieces, c = (threadIdx.x % C::kPieces) * C::kWidth;
+  const KV* k_cache = static_cast<const KV*>(a.k_cache) + int64_t(kv_head) * D + c;
+  const KV* v_cache = static_cast<const KV*>(a.v_cache) + int64_t(kv_head) * D + c;
+  if constexpr (sizeof(KV) == 2) {
+#pragma unroll
+    for (int j = 0; j < C::kPerThread; ++j) {
+      const int at = (first_row + j * C::kRowStep) * kRow + c;
+      const bool valid = slots[j] >= 0;
+      const int64_t slot = valid ? slots[j] : 0;
+      cp_async_16_or_zero(k_dst + at, k_cache + slot * a.k_slot_stride, valid);
+      cp_async_16_or_zero(v_dst + at, v_cache + slot * a.v_slot_stride, valid);
+    }
+  } else {
+    constexpr int kBatch = 2;
+    static_assert(C::kPerThread % kBatch == 0, "whole batches of rows");
+#pragma unroll
+    for (int j0 = 0; j0 < C::kPerThread; j0 += kBatch) {
+      float4 kv[kBatch], vv[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t slot = slots[j0 + j];
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        kv[j] = slot >= 0 ? load4(k_cache + slot * a.k_slot_stride) : zero;
+        vv[j] = slot >= 0 ? load4(v_cache + slot * a.v_slot_stride) : zero;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int at = (first_row + (j0 + j) * C::kRowStep) * kRow + c;
+        store4(k_dst + at, kv[j]);
+        store4(v_dst + at, vv[j]);
+      }
+    }
+  }
+}
+
+template <int D, typename KV>
+__global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillAttentionArgs a) {
+  extern __shared__ __align__(16) __half smem[];
+  constexpr int kRow = D + kPad;
+  constexpr int kHalfTile = kHalf * kRow;
+  constexpr int kGroupRegion = 2 * kStages * kHalfTile;  // a group's K stages, then its V stages
+  __half* q_s = smem;
+
+  detail::wait_for_previous_kernels();  // q and the cache come from the kernels before
+  int head = 0;
+  const int q0 = block_order(&head) * kQueryRows;
+  const int block_shift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
+  const int kv_head = head / (a.n_head / a.n_head_kv);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int row_warp = warp % 4, key_half = warp / 4;
+  const int g = lane / 4, t = lane % 4;
+  __half* k_s = q_s + kQueryRows * kRow + key_half * kGroupRegion;  // this group's kStages half tiles
+  __half* v_s = k_s + kStages * kHalfTile;
+  const int32_t* table = a.block_tables + int64_t(a.seq_rows[0]) * a.block_table_stride;
+
+  const int last_token = min(q0 + kQueryRows, a.n_tokens) - 1;
+  const int key_end = a.first_position + last_token + 1;  // keys [.., key_end) are needed
+  int key_begin = a.sliding_window > 0 ? max(0, a.first_position + q0 - a.sliding_window + 1) : 0;
+  key_begin = key_begin / kKeys * kKeys;
+  const int n_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
+
+  // The first tile's copy runs while Q is converted; the second tile's slots are read meanwhile.
+  const int half_begin = key_begin + key_half * kHalf;  // this group's first key of tile 0
+  int slots[TileCopy<D, KV>::kPerThread];
+  fetch_slots<D, KV>(a, table, block_shift, half_begin, key_end, slots);
+  copy_tile<D, KV>(a, kv_head, slots, k_s, v_s);
+  detail::cp_async_commit();
+  fetch_slots<D, KV>(a, table, block_shift, half_begin + kKeys, key_end, slots);
+
+  constexpr int kQLoads = kQueryRows * D / 4 / kThreads;  // float4 per thread
+  constexpr int kQBatch = kQLoads < 8 ? kQLoads : 8;
+  static_assert(kQLoads % kQBatch == 0, "whole batches of Q loads");
+#pragma unroll
+  for (int j0 = 0; j0 < kQLoads; j0 += kQBatch) {
+    float4 v[kQBatch];
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
+      v[j] = q0 + r < a.n_tokens ? load4(a.q + int64_t(q0 + r) * a.q_stride + int64_t(head) * D + c)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
+      store4(q_s + r * kRow + c, v[j]);
+    }
+  }
+  __syncthreads();  // Q, written by both groups, is read by ldmatrix at every tile
+  // A fragment of the warp's rows for dims kk*16..: matrices rows 0-7 / 8-15 x columns +0 / +8.
+  const __half* q_frag = q_s + (row_warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kRow + (lane / 16) * 8;
+
+  // This thread's two query rows (g and g + 8 of the warp's 16) and their positions.
+  const int row0 = row_warp * 16 + g;
+  const int pos[2] = {a.first_position + q0 + row0, a.first_position + q0 + row0 + 8};
+  const int first_row_position = a.first_position + q0;        // the block's first query
+  const int last_row_position = a.first_position + last_token;  // and its last
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = a.scale * kLog2e;
+  const float scale_over_cap = a.softcap > 0.0f ? a.scale / a.softcap : 0.0f;
+  const float cap_log2 = a.softcap * kLog2e;
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[D / 8][4];
+#pragma unroll
+  for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int kh = key_begin + tile * kKeys + key_half * kHalf;  // this warp's first key
+    // One barrier per tile: after it, this half tile is in shared memory for the group, and
+    // every warp of the group is done with the other stage, which then takes the next half
+    // tile (its slots read an iteration ago); the slots of the one after are read now.
+    detail::cp_async_wait<0>();
+    group_barrier(key_half);
+    if (tile + 1 < n_tiles) {
+      const int next = (tile + 1) % kStages;
+      copy_tile<D, KV>(a, kv_head, slots, k_s + next * kHalfTile, v_s + next * kHalfTile);
+      detail::cp_async_commit();
+      if (tile + 2 < n_tiles) fetch_slots<D, KV>(a, table, block_shift, kh + 2 * kKeys, key_end, slots);
+    }
+    const __half* k_cur = k_s + (tile % kStages) * kHalfTile;
+    const __half* v_cur = v_s + (tile % kStages) * kHalfTile;
+
+    // S = Q Kᵀ for the warp's 16 rows and its 32 keys. K rows are Kᵀ's columns, so plain
+    // ldmatrix gives B fragments: matrices of keys nb*8.. x dims kk*16 + 0/8/16/24.
+    float s[kHalf / 8][4];
+#pragma unroll
+    for (int nb = 0; nb < kHalf / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+      uint32_t qa[4], qb[4];
+      ldmatrix_x4(qa, q_frag + kk * 16);
+      ldmatrix_x4(qb, q_frag + (kk + 1) * 16);
+#pragma unroll
+      for (int nb = 0; nb < kHalf / 8; ++nb) {
+        uint32_t kf[4];
+        ldmatrix_x4(kf, k_cur + (nb * 8 + lane % 8) * kRow + kk * 16 + (lane / 8) * 8);
+        mma_f16(s[nb], qa, kf[0], kf[1]);
+        mma_f16(s[nb], qb, kf[2], kf[3]);
+      }
+    }
+
+    // Scale (to log2 units), cap, mask; the running maximum and sum of each row (quads
+    // share rows). Half tiles wholly below the diagonal and inside the window need no mask.
+    const bool masked = kh + kHalf - 1 > first_row_position ||
+                        (a.sliding_window > 0 && kh <= last_row_position - a.sliding_window);
+    if (a.softcap > 0.0f) {
+#pragma unroll
+      for (int nb = 0; nb < kHalf / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nb][e] = cap_log2 * tanhf(s[nb][e] * scale_over_cap);
+    } else {
+#pragma unroll
+      for (int nb = 0; nb < kHalf / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nb][e] *= scale_log2;
+    }
+    if (masked) {
+#pragma unroll
+      for (int nb = 0; nb < kHalf / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2, key = kh + nb * 8 + 2 * t + (e % 2);
+          const bool visible = key <= pos[r] && (a.sliding_window <= 0 || key > pos[r] - a.sliding_window);
+          s[nb][e] = visible ? s[nb][e] : -INFINITY;
+        }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < kHalf / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nb][e]);
+    float rescale[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
+      rescale[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - base);
+      m[r] = m_new;
+      l[r] *= rescale[r];
+#pragma unroll
+      for (int nb = 0; nb < kHalf / 8; ++nb)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[nb][e] = exp2f(s[nb][e] - base);  // -inf gives 0
+          l[r] += s[nb][e];
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb) {
+      o[nb][0] *= rescale[0], o[nb][1] *= rescale[0];
+      o[nb][2] *= rescale[1], o[nb][3] *= rescale[1];
+    }
+
+    // O += P V: P's A fragments are the score accumulators of two neighbouring key pieces;
+    // V's B fragments come from transposing ldmatrix: matrices of keys kk*16 + 0/8 x dims
+    // nb*8 and nb*8 + 8, so one load serves two 8-wide output pieces.
+#pragma unroll
+    for (int kk = 0; kk < kHalf / 16; ++kk) {
+      const uint32_t pf[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int nb = 0; nb < D / 8; nb += 2) {
+        uint32_t vf[4];
+        ldmatrix_x4_trans(vf, v_cur + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRow + nb * 8 + (lane / 16) * 8);
+        mma_f16(o[nb], pf, vf[0], vf[1]);
+        mma_f16(o[nb + 1], pf, vf[2], vf[3]);
+      }
+    }
+  }
+
+  // Group 1 hands its state to group 0 through its own stage memory (idle once all its
+  // warps are past their last tile; group 0 may still be working in its own), in fragment
+  // order: lane-consecutive words, no bank conflicts. Then group 0 merges the two
+  // softmax states: both scaled to the larger maximum (a half that saw no key has m = -inf
+  // and weight 0).
+  __half* merge_region = q_s + kQueryRows * kRow + kGroupRegion;  // group 1's stages
+  float* merge_o = reinterpret_cast<float*>(merge_region) + row_warp * (D / 8) * 4 * kWarpSize;
+  float* merge_ml =
+      reinterpret_cast<float*>(merge_region) + 4 * (D / 8) * 4 * kWarpSize + row_warp * 4 * kWarpSize;
+  static_assert(4 * (D / 8 + 1) * 4 * kWarpSize * sizeof(float) <= kGroupRegion * sizeof(__half),
+                "the merge fits in group 1's stages");
+  if (key_half == 1) {
+    group_barrier(1);  // no warp of group 1 still reads its last stage
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) merge_o[(nb * 4 + e) * kWarpSize + lane] = o[nb][e];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      merge_ml[r * kWarpSize + lane] = m[r];
+      merge_ml[(2 + r) * kWarpSize + lane] = l[r];
+    }
+  }
+  __syncthreads();
+  if (key_half == 1) return;
+  float factor_own[2], factor_other[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m_other = merge_ml[r * kWarpSize + lane], l_other = merge_ml[(2 + r) * kWarpSize + lane];
+    const float m_new = fmaxf(m[r], m_other);
+    factor_own[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_new);
+    factor_other[r] = m_other == -INFINITY ? 0.0f : exp2f(m_other - m_new);
+    l[r] = l[r] * factor_own[r] + l_other * factor_other[r];
+    m[r] = m_new;
+  }
+#pragma unroll
+  for (int nb = 0; nb < D / 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      o[nb][e] = o[nb][e] * factor_own[e / 2] + merge_o[(nb * 4 + e) * kWarpSize + lane] * factor_other[e / 2];
+
+  // Each row's sum over its quad, the sink, then the normalized output.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(kFullMask, sum, 1);
+    sum += __shfl_xor_sync(kFullMask, sum, 2);
+    float factor = 1.0f;
+    if (a.sinks) {  // m is in log2 units
+      const float sink = a.sinks[head] * kLog2e;
+      const float m_final = fmaxf(m[r], sink);
+      factor = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_final);
+      sum = sum * factor + exp2f(sink - m_final);
+    }
+    const float inv = sum > 0.0f ? factor / sum : 0.0f;
+    const int token = q0 + row0 + 8 * r;
+    if (token >= a.n_tokens) continue;
+    float* out = a.out + int64_t(token) * a.out_stride + int64_t(head) * D + 2 * t;
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb)
+      *reinterpret_cast<float2*>(out + nb * 8) = make_float2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
+  }
+}
+
+template <int D, typename KV>
+Status launch(const PrefillAttentionArgs& a, cudaStream_t stream) {
+  auto kernel = prefill_attention_kernel<D, KV>;
+  constexpr size_t smem = shared_bytes<D>();
+  static bool configured = false;
+  if (!configured) {
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        e != cudaSuccess)
+      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel v8)");
+    configured = true;
+  }
+  const dim3 grid(unsigned((a.n_tokens + kQueryRows - 1) / kQueryRows), unsigned(a.n_head));
+  if (cudaError_t e = launch_chained(kernel, grid, dim3(kThreads), smem, stream, a); e != cudaSuccess)
+    return Status::from_cuda(e, "prefill_attention_kernel v8");
+  return launch_status("prefill_attention_kernel v8");
+}
+
+}  // namespace v8
+
+Status launch_v8(const PrefillAttentionArgs& a, cudaStream_t stream) {
+  const bool f16 = a.cache_type == GgmlType::F16;
+  if (a.head_dim == 64) return f16 ? v8::launch<64, __half>(a, stream) : v8::launch<64, float>(a, stream);
+  return f16 ? v8::launch<128, __half>(a, stream) : v8::launch<128, float>(a, stream);
+}
+
+}  // namespace kiln::cuda::prefill_detail
