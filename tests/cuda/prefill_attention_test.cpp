@@ -2,8 +2,9 @@
 // double-precision reference over a paged cache with shuffled block tables: head sizes 64
 // and 128, f32 and f16 caches, GQA groups 1, 2, 4, block sizes 16, 24 (not a power of two)
 // and 32, prompts that start at 0 and after earlier keys, partial query blocks, sliding
-// windows, sinks and soft-capping. v7 and v8 split each tile's keys between two warp groups
-// and merge their softmax states, so cases include rows whose half tile is wholly masked.
+// windows, sinks and soft-capping. v7, v8 and v9 split the keys between two or four warp
+// groups and merge their softmax states, so cases include rows whose share of a tile is
+// wholly masked, and prompts shorter than one key chunk per group.
 //
 // Error bound: the kernel rounds q, k and v to f16 (the reference takes the same rounded
 // values) and the softmax weights to f16 for P·V (relative 2^-11 each), with f32 sums:
@@ -151,6 +152,12 @@ TEST(PrefillAttention, V8MatchesDoubleReference) {
   for (const PrefillCase& c : cases()) run_case(c, 8, seed++);
 }
 
+TEST(PrefillAttention, V9MatchesDoubleReference) {
+  KILN_REQUIRE_GPU();
+  uint64_t seed = 71;
+  for (const PrefillCase& c : cases()) run_case(c, 9, seed++);
+}
+
 TEST(PrefillAttention, V6MatchesDoubleReference) {
   KILN_REQUIRE_GPU();
   uint64_t seed = 101;
@@ -163,7 +170,7 @@ TEST(PrefillAttention, RefusesUnknownVersion) {
   alignas(16) const int32_t i[4] = {};
   a.q = x, a.k_cache = x, a.v_cache = x, a.block_tables = i, a.seq_rows = i, a.out = const_cast<float*>(x);
   a.cache_type = GgmlType::F32, a.head_dim = 64, a.n_tokens = 1, a.n_head = 1, a.n_head_kv = 1, a.block_size = 16;
-  a.version = 5;
+  a.version = 5;  // 6 to 9 exist
   const Status s = prefill_attention(a, nullptr);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("version 5"), std::string::npos) << s.message();

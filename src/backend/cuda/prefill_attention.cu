@@ -290,12 +290,11 @@ Status launch_v6(const PrefillAttentionArgs& a, cudaStream_t stream) {
 }
 
 // The version when the arguments name none: v8, or the one KILN_CUDA_PREFILL_ATTN_V names
-// (6 or 7, for measurements side by side). Read once.
+// (6 to 9, for measurements side by side). Read once.
 int default_version() {
   static const int version = [] {
     const char* v = std::getenv("KILN_CUDA_PREFILL_ATTN_V");
-    if (v && std::strcmp(v, "6") == 0) return 6;
-    if (v && std::strcmp(v, "7") == 0) return 7;
+    if (v && v[0] >= '6' && v[0] <= '9' && v[1] == 0) return v[0] - '0';
     return 8;
   }();
   return version;
@@ -328,7 +327,8 @@ Status prefill_attention(const PrefillAttentionArgs& a, cudaStream_t stream) {
   if (version == 6) return prefill_detail::launch_v6(a, stream);
   if (version == 7) return prefill_detail::launch_v7(a, stream);
   if (version == 8) return prefill_detail::launch_v8(a, stream);
-  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6, 7 or 8)");
+  if (version == 9) return prefill_detail::launch_v9(a, stream);
+  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6 to 9)");
 }
 
 }  // namespace kiln::cuda

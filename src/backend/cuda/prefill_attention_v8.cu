@@ -1,13 +1,16 @@
-// Prefill attention v8 (see prefill_attention.h for the contract, prefill_attention_v7.cu
-// for the design it refines).
+// Prefill attention v8 and v9 (see prefill_attention.h for the contract,
+// prefill_attention_v7.cu for the design they refine).
 //
 // v7's two warp groups (keys 0..31 and 32..63 of every tile) shared each tile's copy and met
 // at two block-wide barriers per tile, so all 8 warps ran the same phase at the same time
-// (products, then softmax, then products) and left the tensor cores idle in between. In v8
-// each group copies its own half tiles into its own stages and synchronizes only its own 4
-// warps (a named barrier), once per tile: the groups drift apart and one's softmax overlaps
-// the other's products. The two groups meet twice: after Q is in shared memory, and for the
-// merge of their softmax states, which group 1 leaves in its own (then idle) stages.
+// (products, then softmax, then products) and left the tensor cores idle in between. Here
+// the keys come in chunks of 32 and warp group h of G takes chunks h, h + G, h + 2G...:
+// each group copies its own chunks into its own two stages and synchronizes only its own 4
+// warps (a named barrier), once per chunk, so the groups drift apart and one's softmax
+// overlaps another's products. The groups meet twice: after Q is in shared memory, and for
+// the merge of their softmax states, which groups 1.. leave in their own (then idle) stages.
+// v8: G = 2, two blocks per multiprocessor. v9: G = 4, one block of 16 warps per
+// multiprocessor, so the heaviest query blocks of a causal prompt get every warp of theirs.
 // Also: the per-element soft-cap and mask branches are hoisted out of the element loops,
 // and the kernel is launched chained (programmatic dependent launch): its blocks are
 // scheduled while the previous kernel drains and wait for it before reading anything.
@@ -21,16 +24,13 @@ using detail::kFullMask;
 using detail::kWarpSize;
 
 constexpr int kQueryRows = 64;  // query tokens per block
-constexpr int kKeys = 64;       // keys per tile
-constexpr int kHalf = kKeys / 2;  // keys per warp group and tile
-constexpr int kWarps = 8;       // two groups of four; warp w: rows 16 (w % 4).., keys kHalf (w / 4)..
-constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kGroupThreads = kThreads / 2;
-constexpr int kStages = 2;
+constexpr int kChunk = 32;      // keys per chunk; a group's warp w covers rows 16 (w % 4).. of it
+constexpr int kGroupThreads = 4 * kWarpSize;
+constexpr int kStages = 2;      // per group
 
-template <int D>
+template <int D, int G>
 constexpr size_t shared_bytes() {
-  return size_t(kQueryRows + 2 * kStages * kKeys) * (D + kPad) * sizeof(__half);
+  return size_t(kQueryRows + G * 2 * kStages * kChunk) * (D + kPad) * sizeof(__half);
 }
 
 // How one thread of a group copies the group's half of a K / V tile: kPieces 16-byte pieces
@@ -41,17 +41,29 @@ struct TileCopy {
   static constexpr int kWidth = 16 / int(sizeof(KV));  // elements per piece
   static constexpr int kPieces = D / kWidth;
   static constexpr int kRowStep = kGroupThreads / kPieces;
-  static constexpr int kPerThread = kHalf / kRowStep;
-  static_assert(kGroupThreads % kPieces == 0 && kHalf % kRowStep == 0, "whole rows per pass");
+  static constexpr int kPerThread = kChunk / kRowStep;
+  static_assert(kGroupThreads % kPieces == 0 && kChunk % kRowStep == 0, "whole rows per pass");
 };
 
-// The named barrier of warp group `key_half` (id 0 is __syncthreads').
-// Immediate ids, so that the compiler reserves 3 barriers rather than all 16.
-__device__ __forceinline__ void group_barrier(int key_half) {
-  if (key_half == 0)
-    asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads) : "memory");
-  else
-    asm volatile("bar.sync 2, %0;\n" ::"n"(kGroupThreads) : "memory");
+// The named barrier of warp group `group` (id 0 is __syncthreads'). Immediate ids, so that
+// the compiler reserves G + 1 barriers rather than all 16.
+__device__ __forceinline__ void group_barrier(int group) {
+  switch (group) {
+    case 0: asm volatile("bar.sync 1, %0;\n" ::"n"(kGroupThreads) : "memory"); break;
+    case 1: asm volatile("bar.sync 2, %0;\n" ::"n"(kGroupThreads) : "memory"); break;
+    case 2: asm volatile("bar.sync 3, %0;\n" ::"n"(kGroupThreads) : "memory"); break;
+    default: asm volatile("bar.sync 4, %0;\n" ::"n"(kGroupThreads) : "memory"); break;
+  }
+}
+
+// Query block of the launch's linear block id when one block fills a multiprocessor: the
+// heaviest (most key chunks, the last of a causal prompt) first, so that the light ones
+// fill in behind them.
+__device__ __forceinline__ int heaviest_first(int* head) {
+  const int n_blocks = gridDim.x, n_heads = gridDim.y;
+  const int linear = blockIdx.x + blockIdx.y * n_blocks;
+  *head = linear % n_heads;
+  return n_blocks - 1 - linear / n_heads;
 }
 
 // The cache slots of this thread's rows of the half tile at key kb (-1: past key_end, zero-filled).
@@ -111,39 +123,46 @@ __device__ __forceinline__ void copy_tile(const PrefillAttentionArgs& a, int kv_
   }
 }
 
-template <int D, typename KV>
-__global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillAttentionArgs a) {
+// G warp groups of 4 warps: two blocks of 256 threads (G = 2) or one of 512 (G = 4) per
+// multiprocessor, 128 registers a thread either way.
+template <int D, typename KV, int G>
+__global__ void __launch_bounds__(G * kGroupThreads, 4 / G) prefill_attention_kernel(PrefillAttentionArgs a) {
+  constexpr int kThreads = G * kGroupThreads;
   extern __shared__ __align__(16) __half smem[];
   constexpr int kRow = D + kPad;
-  constexpr int kHalfTile = kHalf * kRow;
-  constexpr int kGroupRegion = 2 * kStages * kHalfTile;  // a group's K stages, then its V stages
+  constexpr int kChunkTile = kChunk * kRow;
+  constexpr int kGroupRegion = 2 * kStages * kChunkTile;  // a group's K stages, then its V stages
   __half* q_s = smem;
 
   detail::wait_for_previous_kernels();  // q and the cache come from the kernels before
   int head = 0;
-  const int q0 = block_order(&head) * kQueryRows;
+  const int q0 = (G == 2 ? block_order(&head) : heaviest_first(&head)) * kQueryRows;
   const int block_shift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs(a.block_size) - 1 : -1;
   const int kv_head = head / (a.n_head / a.n_head_kv);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int row_warp = warp % 4, key_half = warp / 4;
+  const int row_warp = warp % 4, group = warp / 4;
   const int g = lane / 4, t = lane % 4;
-  __half* k_s = q_s + kQueryRows * kRow + key_half * kGroupRegion;  // this group's kStages half tiles
-  __half* v_s = k_s + kStages * kHalfTile;
+  __half* k_s = q_s + kQueryRows * kRow + group * kGroupRegion;  // this group's kStages chunks
+  __half* v_s = k_s + kStages * kChunkTile;
   const int32_t* table = a.block_tables + int64_t(a.seq_rows[0]) * a.block_table_stride;
 
   const int last_token = min(q0 + kQueryRows, a.n_tokens) - 1;
   const int key_end = a.first_position + last_token + 1;  // keys [.., key_end) are needed
   int key_begin = a.sliding_window > 0 ? max(0, a.first_position + q0 - a.sliding_window + 1) : 0;
-  key_begin = key_begin / kKeys * kKeys;
-  const int n_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
+  key_begin = key_begin / kChunk * kChunk;
+  const int n_chunks = (key_end - key_begin + kChunk - 1) / kChunk;
+  const int my_chunks = (n_chunks - group + G - 1) / G;  // chunks group, group + G, ... (maybe none)
+  constexpr int kStride = G * kChunk;                    // keys from one of the group's chunks to the next
+  const int my_begin = key_begin + group * kChunk;       // the group's first key
 
-  // The first tile's copy runs while Q is converted; the second tile's slots are read meanwhile.
-  const int half_begin = key_begin + key_half * kHalf;  // this group's first key of tile 0
+  // The first chunk's copy runs while Q is converted; the second chunk's slots are read meanwhile.
   int slots[TileCopy<D, KV>::kPerThread];
-  fetch_slots<D, KV>(a, table, block_shift, half_begin, key_end, slots);
-  copy_tile<D, KV>(a, kv_head, slots, k_s, v_s);
-  detail::cp_async_commit();
-  fetch_slots<D, KV>(a, table, block_shift, half_begin + kKeys, key_end, slots);
+  if (my_chunks > 0) {
+    fetch_slots<D, KV>(a, table, block_shift, my_begin, key_end, slots);
+    copy_tile<D, KV>(a, kv_head, slots, k_s, v_s);
+    detail::cp_async_commit();
+    fetch_slots<D, KV>(a, table, block_shift, my_begin + kStride, key_end, slots);
+  }
 
   constexpr int kQLoads = kQueryRows * D / 4 / kThreads;  // float4 per thread
   constexpr int kQBatch = kQLoads < 8 ? kQLoads : 8;
@@ -163,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
       store4(q_s + r * kRow + c, v[j]);
     }
   }
-  __syncthreads();  // Q, written by both groups, is read by ldmatrix at every tile
+  __syncthreads();  // Q, written by every group, is read by ldmatrix at every chunk
   // A fragment of the warp's rows for dims kk*16..: matrices rows 0-7 / 8-15 x columns +0 / +8.
   const __half* q_frag = q_s + (row_warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kRow + (lane / 16) * 8;
 
@@ -182,34 +201,34 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
 #pragma unroll
   for (int nb = 0; nb < D / 8; ++nb) o[nb][0] = o[nb][1] = o[nb][2] = o[nb][3] = 0.0f;
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int kh = key_begin + tile * kKeys + key_half * kHalf;  // this warp's first key
-    // One barrier per tile: after it, this half tile is in shared memory for the group, and
-    // every warp of the group is done with the other stage, which then takes the next half
-    // tile (its slots read an iteration ago); the slots of the one after are read now.
+  for (int tile = 0; tile < my_chunks; ++tile) {
+    const int kh = my_begin + tile * kStride;  // the chunk's first key
+    // One barrier per chunk: after it, this chunk is in shared memory for the group, and
+    // every warp of the group is done with the other stage, which then takes the group's
+    // next chunk (its slots read an iteration ago); the slots of the one after are read now.
     detail::cp_async_wait<0>();
-    group_barrier(key_half);
-    if (tile + 1 < n_tiles) {
+    group_barrier(group);
+    if (tile + 1 < my_chunks) {
       const int next = (tile + 1) % kStages;
-      copy_tile<D, KV>(a, kv_head, slots, k_s + next * kHalfTile, v_s + next * kHalfTile);
+      copy_tile<D, KV>(a, kv_head, slots, k_s + next * kChunkTile, v_s + next * kChunkTile);
       detail::cp_async_commit();
-      if (tile + 2 < n_tiles) fetch_slots<D, KV>(a, table, block_shift, kh + 2 * kKeys, key_end, slots);
+      if (tile + 2 < my_chunks) fetch_slots<D, KV>(a, table, block_shift, kh + 2 * kStride, key_end, slots);
     }
-    const __half* k_cur = k_s + (tile % kStages) * kHalfTile;
-    const __half* v_cur = v_s + (tile % kStages) * kHalfTile;
+    const __half* k_cur = k_s + (tile % kStages) * kChunkTile;
+    const __half* v_cur = v_s + (tile % kStages) * kChunkTile;
 
     // S = Q Kᵀ for the warp's 16 rows and its 32 keys. K rows are Kᵀ's columns, so plain
     // ldmatrix gives B fragments: matrices of keys nb*8.. x dims kk*16 + 0/8/16/24.
-    float s[kHalf / 8][4];
+    float s[kChunk / 8][4];
 #pragma unroll
-    for (int nb = 0; nb < kHalf / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+    for (int nb = 0; nb < kChunk / 8; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk += 2) {
       uint32_t qa[4], qb[4];
       ldmatrix_x4(qa, q_frag + kk * 16);
       ldmatrix_x4(qb, q_frag + (kk + 1) * 16);
 #pragma unroll
-      for (int nb = 0; nb < kHalf / 8; ++nb) {
+      for (int nb = 0; nb < kChunk / 8; ++nb) {
         uint32_t kf[4];
         ldmatrix_x4(kf, k_cur + (nb * 8 + lane % 8) * kRow + kk * 16 + (lane / 8) * 8);
         mma_f16(s[nb], qa, kf[0], kf[1]);
@@ -219,22 +238,22 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
 
     // Scale (to log2 units), cap, mask; the running maximum and sum of each row (quads
     // share rows). Half tiles wholly below the diagonal and inside the window need no mask.
-    const bool masked = kh + kHalf - 1 > first_row_position ||
+    const bool masked = kh + kChunk - 1 > first_row_position ||
                         (a.sliding_window > 0 && kh <= last_row_position - a.sliding_window);
     if (a.softcap > 0.0f) {
 #pragma unroll
-      for (int nb = 0; nb < kHalf / 8; ++nb)
+      for (int nb = 0; nb < kChunk / 8; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nb][e] = cap_log2 * tanhf(s[nb][e] * scale_over_cap);
     } else {
 #pragma unroll
-      for (int nb = 0; nb < kHalf / 8; ++nb)
+      for (int nb = 0; nb < kChunk / 8; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nb][e] *= scale_log2;
     }
     if (masked) {
 #pragma unroll
-      for (int nb = 0; nb < kHalf / 8; ++nb)
+      for (int nb = 0; nb < kChunk / 8; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e / 2, key = kh + nb * 8 + 2 * t + (e % 2);
@@ -244,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
     }
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nb = 0; nb < kHalf / 8; ++nb)
+    for (int nb = 0; nb < kChunk / 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[nb][e]);
     float rescale[2];
@@ -258,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
       m[r] = m_new;
       l[r] *= rescale[r];
 #pragma unroll
-      for (int nb = 0; nb < kHalf / 8; ++nb)
+      for (int nb = 0; nb < kChunk / 8; ++nb)
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
           s[nb][e] = exp2f(s[nb][e] - base);  // -inf gives 0
@@ -275,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
     // V's B fragments come from transposing ldmatrix: matrices of keys kk*16 + 0/8 x dims
     // nb*8 and nb*8 + 8, so one load serves two 8-wide output pieces.
 #pragma unroll
-    for (int kk = 0; kk < kHalf / 16; ++kk) {
+    for (int kk = 0; kk < kChunk / 16; ++kk) {
       const uint32_t pf[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
                               pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                               pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
@@ -289,46 +308,68 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
     }
   }
 
-  // Group 1 hands its state to group 0 through its own stage memory (idle once all its
-  // warps are past their last tile; group 0 may still be working in its own), in fragment
-  // order: lane-consecutive words, no bank conflicts. Then group 0 merges the two
-  // softmax states: both scaled to the larger maximum (a half that saw no key has m = -inf
-  // and weight 0).
-  __half* merge_region = q_s + kQueryRows * kRow + kGroupRegion;  // group 1's stages
-  float* merge_o = reinterpret_cast<float*>(merge_region) + row_warp * (D / 8) * 4 * kWarpSize;
-  float* merge_ml =
-      reinterpret_cast<float*>(merge_region) + 4 * (D / 8) * 4 * kWarpSize + row_warp * 4 * kWarpSize;
-  static_assert(4 * (D / 8 + 1) * 4 * kWarpSize * sizeof(float) <= kGroupRegion * sizeof(__half),
-                "the merge fits in group 1's stages");
-  if (key_half == 1) {
-    group_barrier(1);  // no warp of group 1 still reads its last stage
+  // Groups 1.. hand their states to group 0 through their own stage memory (idle once all
+  // the group's warps are past their last chunk; other groups may still be working in
+  // theirs), in fragment order: lane-consecutive words, no bank conflicts. Group 0 then
+  // merges the softmax states: each scaled to the largest maximum (a group that saw no key
+  // has m = -inf and weight 0).
+  constexpr int kMergeWords = 4 * (D / 8) * 4 * kWarpSize;  // o of the group's 4 warps, then m and l
+  static_assert((kMergeWords + 4 * 4 * kWarpSize) * sizeof(float) <= kGroupRegion * sizeof(__half),
+                "a group's state fits in its stages");
+  auto merge_o = [&](int from) {
+    return reinterpret_cast<float*>(q_s + kQueryRows * kRow + from * kGroupRegion) + row_warp * (D / 8) * 4 * kWarpSize;
+  };
+  auto merge_ml = [&](int from) {
+    return reinterpret_cast<float*>(q_s + kQueryRows * kRow + from * kGroupRegion) + kMergeWords +
+           row_warp * 4 * kWarpSize;
+  };
+  if (group > 0) {
+    group_barrier(group);  // no warp of the group still reads its last stage
+    float* mo = merge_o(group);
+    float* ml = merge_ml(group);
 #pragma unroll
     for (int nb = 0; nb < D / 8; ++nb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) merge_o[(nb * 4 + e) * kWarpSize + lane] = o[nb][e];
+      for (int e = 0; e < 4; ++e) mo[(nb * 4 + e) * kWarpSize + lane] = o[nb][e];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      merge_ml[r * kWarpSize + lane] = m[r];
-      merge_ml[(2 + r) * kWarpSize + lane] = l[r];
+      ml[r * kWarpSize + lane] = m[r];
+      ml[(2 + r) * kWarpSize + lane] = l[r];
     }
   }
   __syncthreads();
-  if (key_half == 1) return;
-  float factor_own[2], factor_other[2];
+  if (group > 0) return;
+  float m_all[2] = {m[0], m[1]};
+#pragma unroll
+  for (int from = 1; from < G; ++from)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m_all[r] = fmaxf(m_all[r], merge_ml(from)[r * kWarpSize + lane]);
+  float factor[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float m_other = merge_ml[r * kWarpSize + lane], l_other = merge_ml[(2 + r) * kWarpSize + lane];
-    const float m_new = fmaxf(m[r], m_other);
-    factor_own[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_new);
-    factor_other[r] = m_other == -INFINITY ? 0.0f : exp2f(m_other - m_new);
-    l[r] = l[r] * factor_own[r] + l_other * factor_other[r];
-    m[r] = m_new;
+    factor[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_all[r]);
+    l[r] *= factor[r];
+    m[r] = m_all[r];
   }
 #pragma unroll
   for (int nb = 0; nb < D / 8; ++nb)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      o[nb][e] = o[nb][e] * factor_own[e / 2] + merge_o[(nb * 4 + e) * kWarpSize + lane] * factor_other[e / 2];
+    for (int e = 0; e < 4; ++e) o[nb][e] *= factor[e / 2];
+#pragma unroll
+  for (int from = 1; from < G; ++from) {
+    const float* mo = merge_o(from);
+    const float* ml = merge_ml(from);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_other = ml[r * kWarpSize + lane];
+      factor[r] = m_other == -INFINITY ? 0.0f : exp2f(m_other - m_all[r]);
+      l[r] += ml[(2 + r) * kWarpSize + lane] * factor[r];
+    }
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nb][e] += mo[(nb * 4 + e) * kWarpSize + lane] * factor[e / 2];
+  }
 
   // Each row's sum over its quad, the sink, then the normalized output.
 #pragma unroll
@@ -353,29 +394,33 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(PrefillA
   }
 }
 
-template <int D, typename KV>
+template <int D, typename KV, int G>
 Status launch(const PrefillAttentionArgs& a, cudaStream_t stream) {
-  auto kernel = prefill_attention_kernel<D, KV>;
-  constexpr size_t smem = shared_bytes<D>();
+  auto kernel = prefill_attention_kernel<D, KV, G>;
+  constexpr size_t smem = shared_bytes<D, G>();
   static bool configured = false;
   if (!configured) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         e != cudaSuccess)
-      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel v8)");
+      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel v8/v9)");
     configured = true;
   }
   const dim3 grid(unsigned((a.n_tokens + kQueryRows - 1) / kQueryRows), unsigned(a.n_head));
-  if (cudaError_t e = launch_chained(kernel, grid, dim3(kThreads), smem, stream, a); e != cudaSuccess)
-    return Status::from_cuda(e, "prefill_attention_kernel v8");
-  return launch_status("prefill_attention_kernel v8");
+  if (cudaError_t e = launch_chained(kernel, grid, dim3(G * kGroupThreads), smem, stream, a); e != cudaSuccess)
+    return Status::from_cuda(e, G == 2 ? "prefill_attention_kernel v8" : "prefill_attention_kernel v9");
+  return launch_status(G == 2 ? "prefill_attention_kernel v8" : "prefill_attention_kernel v9");
+}
+
+template <int G>
+Status launch_groups(const PrefillAttentionArgs& a, cudaStream_t stream) {
+  const bool f16 = a.cache_type == GgmlType::F16;
+  if (a.head_dim == 64) return f16 ? launch<64, __half, G>(a, stream) : launch<64, float, G>(a, stream);
+  return f16 ? launch<128, __half, G>(a, stream) : launch<128, float, G>(a, stream);
 }
 
 }  // namespace v8
 
-Status launch_v8(const PrefillAttentionArgs& a, cudaStream_t stream) {
-  const bool f16 = a.cache_type == GgmlType::F16;
-  if (a.head_dim == 64) return f16 ? v8::launch<64, __half>(a, stream) : v8::launch<64, float>(a, stream);
-  return f16 ? v8::launch<128, __half>(a, stream) : v8::launch<128, float>(a, stream);
-}
+Status launch_v8(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<2>(a, stream); }
+Status launch_v9(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<4>(a, stream); }
 
 }  // namespace kiln::cuda::prefill_detail
