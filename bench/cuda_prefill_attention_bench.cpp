@@ -1,4 +1,4 @@
-// Prefill attention alone (a plain program, not a test): kernel versions 6 to 9 side by side
+// Prefill attention alone (a plain program, not a test): kernel versions 6 to 11 side by side
 // at prompt shapes of Llama-3-8B (32 query heads over 8 kv heads) and Qwen3-30B-A3B (32 over
 // 4), head size 128, a paged f16 cache of 16-key blocks in shuffled order. Each figure is
 // the median over 15 replays of a CUDA graph of 20 launches, per launch. Q, the cache and the
@@ -6,12 +6,14 @@
 // ops). The rate counts the causal work only: 4 * head_dim FLOP per (query, visible key,
 // head). Also prints the largest difference of each version's outputs from v6's.
 //
-//   bench_cuda_prefill_attention_bench
+//   bench_cuda_prefill_attention_bench [--profile VERSION]
+//     --profile: two plain launches of that version at the first shape (for ncu), no timing
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -69,7 +71,7 @@ double time_graph(cudaStream_t s, int batch, int samples, const PrefillAttention
   return double(median(ms)) * 1000.0 / batch;
 }
 
-void run(const Shape& sh, cudaStream_t stream) {
+void run(const Shape& sh, cudaStream_t stream, int profile_version) {
   constexpr int D = 128, kBlock = 16;
   const int n_keys = sh.first_position + sh.n_tokens, n_blocks = (n_keys + kBlock - 1) / kBlock;
   std::mt19937 rng(7);
@@ -107,11 +109,19 @@ void run(const Shape& sh, cudaStream_t stream) {
   }
   const double flop = 4.0 * D * visible * sh.n_head;
 
-  constexpr int kVersions = 4;
-  const int versions[kVersions] = {6, 7, 8, 9};
+  DeviceMemory out_d(q.size() * 4);
+  if (profile_version > 0) {
+    a.version = profile_version;
+    a.out = static_cast<float*>(out_d.p);
+    for (int i = 0; i < 2; ++i) check(prefill_attention(a, stream), "prefill_attention");
+    check(cudaStreamSynchronize(stream), "profile launches");
+    std::printf("%s: v%d launched twice\n", sh.name, profile_version);
+    return;
+  }
+  constexpr int kVersions = 6;
+  const int versions[kVersions] = {6, 7, 8, 9, 10, 11};
   double us[kVersions];
   std::vector<float> out[kVersions];
-  DeviceMemory out_d(q.size() * 4);
   for (int i = 0; i < kVersions; ++i) {
     a.version = versions[i];
     a.out = static_cast<float*>(out_d.p);
@@ -139,7 +149,8 @@ void run(const Shape& sh, cudaStream_t stream) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const int profile_version = argc == 3 && std::string(argv[1]) == "--profile" ? std::atoi(argv[2]) : 0;
   cudaStream_t stream;
   check(cudaStreamCreate(&stream), "stream");
   const Shape shapes[] = {
@@ -151,7 +162,10 @@ int main() {
       {"llama3-8b T=512 window 256", 512, 0, 32, 8, GgmlType::F16, 256},
       {"llama3-8b T=512 f32 cache", 512, 0, 32, 8, GgmlType::F32},
   };
-  for (const Shape& sh : shapes) run(sh, stream);
+  for (const Shape& sh : shapes) {
+    run(sh, stream, profile_version);
+    if (profile_version > 0) break;
+  }
   cudaStreamDestroy(stream);
   return 0;
 }

@@ -2,7 +2,7 @@
 // double-precision reference over a paged cache with shuffled block tables: head sizes 64
 // and 128, f32 and f16 caches, GQA groups 1, 2, 4, block sizes 16, 24 (not a power of two)
 // and 32, prompts that start at 0 and after earlier keys, partial query blocks, sliding
-// windows, sinks and soft-capping. v7, v8 and v9 split the keys between two or four warp
+// windows, sinks and soft-capping. v7 to v11 split the keys between two or four warp
 // groups and merge their softmax states, so cases include rows whose share of a tile is
 // wholly masked, and prompts shorter than one key chunk per group.
 //
@@ -140,28 +140,14 @@ const std::vector<PrefillCase>& cases() {
   return all;
 }
 
-TEST(PrefillAttention, V7MatchesDoubleReference) {
+// v6: 4 warps, whole tiles; v7: 8 warps, half tiles; v8..v11: 2 or 4 warp groups on their
+// own chunks with 2 or 3 stages each.
+TEST(PrefillAttention, EveryVersionMatchesDoubleReference) {
   KILN_REQUIRE_GPU();
-  uint64_t seed = 11;
-  for (const PrefillCase& c : cases()) run_case(c, 7, seed++);
-}
-
-TEST(PrefillAttention, V8MatchesDoubleReference) {
-  KILN_REQUIRE_GPU();
-  uint64_t seed = 51;
-  for (const PrefillCase& c : cases()) run_case(c, 8, seed++);
-}
-
-TEST(PrefillAttention, V9MatchesDoubleReference) {
-  KILN_REQUIRE_GPU();
-  uint64_t seed = 71;
-  for (const PrefillCase& c : cases()) run_case(c, 9, seed++);
-}
-
-TEST(PrefillAttention, V6MatchesDoubleReference) {
-  KILN_REQUIRE_GPU();
-  uint64_t seed = 101;
-  for (const PrefillCase& c : cases()) run_case(c, 6, seed++);
+  for (const int version : {6, 7, 8, 9, 10, 11}) {
+    uint64_t seed = 11 + 100 * uint64_t(version);
+    for (const PrefillCase& c : cases()) run_case(c, version, seed++);
+  }
 }
 
 TEST(PrefillAttention, RefusesUnknownVersion) {
@@ -170,7 +156,7 @@ TEST(PrefillAttention, RefusesUnknownVersion) {
   alignas(16) const int32_t i[4] = {};
   a.q = x, a.k_cache = x, a.v_cache = x, a.block_tables = i, a.seq_rows = i, a.out = const_cast<float*>(x);
   a.cache_type = GgmlType::F32, a.head_dim = 64, a.n_tokens = 1, a.n_head = 1, a.n_head_kv = 1, a.block_size = 16;
-  a.version = 5;  // 6 to 9 exist
+  a.version = 5;  // 6 to 11 exist
   const Status s = prefill_attention(a, nullptr);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("version 5"), std::string::npos) << s.message();

@@ -290,12 +290,12 @@ Status launch_v6(const PrefillAttentionArgs& a, cudaStream_t stream) {
 }
 
 // The version when the arguments name none: v8, or the one KILN_CUDA_PREFILL_ATTN_V names
-// (6 to 9, for measurements side by side). Read once.
+// (6 to 11, for measurements side by side). Read once.
 int default_version() {
   static const int version = [] {
     const char* v = std::getenv("KILN_CUDA_PREFILL_ATTN_V");
-    if (v && v[0] >= '6' && v[0] <= '9' && v[1] == 0) return v[0] - '0';
-    return 8;
+    const int named = v ? std::atoi(v) : 0;
+    return named >= 6 && named <= 11 ? named : 8;
   }();
   return version;
 }
@@ -328,7 +328,9 @@ Status prefill_attention(const PrefillAttentionArgs& a, cudaStream_t stream) {
   if (version == 7) return prefill_detail::launch_v7(a, stream);
   if (version == 8) return prefill_detail::launch_v8(a, stream);
   if (version == 9) return prefill_detail::launch_v9(a, stream);
-  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6 to 9)");
+  if (version == 10) return prefill_detail::launch_v10(a, stream);
+  if (version == 11) return prefill_detail::launch_v11(a, stream);
+  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6 to 11)");
 }
 
 }  // namespace kiln::cuda

@@ -9,8 +9,10 @@
 // warps (a named barrier), once per chunk, so the groups drift apart and one's softmax
 // overlaps another's products. The groups meet twice: after Q is in shared memory, and for
 // the merge of their softmax states, which groups 1.. leave in their own (then idle) stages.
-// v8: G = 2, two blocks per multiprocessor. v9: G = 4, one block of 16 warps per
-// multiprocessor, so the heaviest query blocks of a causal prompt get every warp of theirs.
+// v8: G = 2, two stages per group, two blocks per multiprocessor. v9: G = 4, one block of 16
+// warps per multiprocessor, so the heaviest query blocks of a causal prompt get every warp
+// of theirs. v10 (G = 4) and v11 (G = 2): three stages per group, the copies two chunks
+// ahead (v11: one block per multiprocessor, by shared memory).
 // Also: the per-element soft-cap and mask branches are hoisted out of the element loops,
 // and the kernel is launched chained (programmatic dependent launch): its blocks are
 // scheduled while the previous kernel drains and wait for it before reading anything.
@@ -26,11 +28,11 @@ using detail::kWarpSize;
 constexpr int kQueryRows = 64;  // query tokens per block
 constexpr int kChunk = 32;      // keys per chunk; a group's warp w covers rows 16 (w % 4).. of it
 constexpr int kGroupThreads = 4 * kWarpSize;
-constexpr int kStages = 2;      // per group
 
-template <int D, int G>
+// S stages per group: chunks i + 1 .. i + S - 1 are in flight while chunk i is multiplied.
+template <int D, int G, int S>
 constexpr size_t shared_bytes() {
-  return size_t(kQueryRows + G * 2 * kStages * kChunk) * (D + kPad) * sizeof(__half);
+  return size_t(kQueryRows + G * 2 * S * kChunk) * (D + kPad) * sizeof(__half);
 }
 
 // How one thread of a group copies the group's half of a K / V tile: kPieces 16-byte pieces
@@ -125,8 +127,9 @@ __device__ __forceinline__ void copy_tile(const PrefillAttentionArgs& a, int kv_
 
 // G warp groups of 4 warps: two blocks of 256 threads (G = 2) or one of 512 (G = 4) per
 // multiprocessor, 128 registers a thread either way.
-template <int D, typename KV, int G>
+template <int D, typename KV, int G, int S>
 __global__ void __launch_bounds__(G * kGroupThreads, 4 / G) prefill_attention_kernel(PrefillAttentionArgs a) {
+  constexpr int kStages = S;
   constexpr int kThreads = G * kGroupThreads;
   extern __shared__ __align__(16) __half smem[];
   constexpr int kRow = D + kPad;
@@ -155,13 +158,16 @@ __global__ void __launch_bounds__(G * kGroupThreads, 4 / G) prefill_attention_ke
   constexpr int kStride = G * kChunk;                    // keys from one of the group's chunks to the next
   const int my_begin = key_begin + group * kChunk;       // the group's first key
 
-  // The first chunk's copy runs while Q is converted; the second chunk's slots are read meanwhile.
+  // The first S - 1 chunks' copies run while Q is converted; the next chunk's slots are read
+  // meanwhile. Every step commits a group of copies, empty past the group's last chunk, so
+  // that the waits below count the same everywhere.
   int slots[TileCopy<D, KV>::kPerThread];
-  if (my_chunks > 0) {
-    fetch_slots<D, KV>(a, table, block_shift, my_begin, key_end, slots);
-    copy_tile<D, KV>(a, kv_head, slots, k_s, v_s);
+  fetch_slots<D, KV>(a, table, block_shift, my_begin, key_end, slots);  // past key_end: no reads
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {
+    if (c < my_chunks) copy_tile<D, KV>(a, kv_head, slots, k_s + c * kChunkTile, v_s + c * kChunkTile);
     detail::cp_async_commit();
-    fetch_slots<D, KV>(a, table, block_shift, my_begin + kStride, key_end, slots);
+    fetch_slots<D, KV>(a, table, block_shift, my_begin + (c + 1) * kStride, key_end, slots);
   }
 
   constexpr int kQLoads = kQueryRows * D / 4 / kThreads;  // float4 per thread
@@ -204,16 +210,18 @@ __global__ void __launch_bounds__(G * kGroupThreads, 4 / G) prefill_attention_ke
   for (int tile = 0; tile < my_chunks; ++tile) {
     const int kh = my_begin + tile * kStride;  // the chunk's first key
     // One barrier per chunk: after it, this chunk is in shared memory for the group, and
-    // every warp of the group is done with the other stage, which then takes the group's
-    // next chunk (its slots read an iteration ago); the slots of the one after are read now.
-    detail::cp_async_wait<0>();
+    // every warp of the group is done with the previous chunk's stage, which then takes the
+    // group's chunk tile + S - 1 (its slots read an iteration ago); the slots of the one
+    // after are read now.
+    detail::cp_async_wait<kStages - 2>();
     group_barrier(group);
-    if (tile + 1 < my_chunks) {
-      const int next = (tile + 1) % kStages;
+    if (tile + kStages - 1 < my_chunks) {
+      const int next = (tile + kStages - 1) % kStages;
       copy_tile<D, KV>(a, kv_head, slots, k_s + next * kChunkTile, v_s + next * kChunkTile);
-      detail::cp_async_commit();
-      if (tile + 2 < my_chunks) fetch_slots<D, KV>(a, table, block_shift, kh + 2 * kStride, key_end, slots);
+      if (tile + kStages < my_chunks)
+        fetch_slots<D, KV>(a, table, block_shift, kh + kStages * kStride, key_end, slots);
     }
+    detail::cp_async_commit();
     const __half* k_cur = k_s + (tile % kStages) * kChunkTile;
     const __half* v_cur = v_s + (tile % kStages) * kChunkTile;
 
@@ -323,6 +331,7 @@ __global__ void __launch_bounds__(G * kGroupThreads, 4 / G) prefill_attention_ke
     return reinterpret_cast<float*>(q_s + kQueryRows * kRow + from * kGroupRegion) + kMergeWords +
            row_warp * 4 * kWarpSize;
   };
+  detail::cp_async_wait<0>();  // (only empty groups can be left)
   if (group > 0) {
     group_barrier(group);  // no warp of the group still reads its last stage
     float* mo = merge_o(group);
@@ -394,33 +403,36 @@ __global__ void __launch_bounds__(G * kGroupThreads, 4 / G) prefill_attention_ke
   }
 }
 
-template <int D, typename KV, int G>
+template <int D, typename KV, int G, int S>
 Status launch(const PrefillAttentionArgs& a, cudaStream_t stream) {
-  auto kernel = prefill_attention_kernel<D, KV, G>;
-  constexpr size_t smem = shared_bytes<D, G>();
+  auto kernel = prefill_attention_kernel<D, KV, G, S>;
+  constexpr size_t smem = shared_bytes<D, G, S>();
+  static_assert(smem <= 227 * 1024, "shared memory of one block");
   static bool configured = false;
   if (!configured) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         e != cudaSuccess)
-      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel v8/v9)");
+      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel v8..v11)");
     configured = true;
   }
   const dim3 grid(unsigned((a.n_tokens + kQueryRows - 1) / kQueryRows), unsigned(a.n_head));
   if (cudaError_t e = launch_chained(kernel, grid, dim3(G * kGroupThreads), smem, stream, a); e != cudaSuccess)
-    return Status::from_cuda(e, G == 2 ? "prefill_attention_kernel v8" : "prefill_attention_kernel v9");
-  return launch_status(G == 2 ? "prefill_attention_kernel v8" : "prefill_attention_kernel v9");
+    return Status::from_cuda(e, "prefill_attention_kernel v8..v11");
+  return launch_status("prefill_attention_kernel v8..v11");
 }
 
-template <int G>
+template <int G, int S>
 Status launch_groups(const PrefillAttentionArgs& a, cudaStream_t stream) {
   const bool f16 = a.cache_type == GgmlType::F16;
-  if (a.head_dim == 64) return f16 ? launch<64, __half, G>(a, stream) : launch<64, float, G>(a, stream);
-  return f16 ? launch<128, __half, G>(a, stream) : launch<128, float, G>(a, stream);
+  if (a.head_dim == 64) return f16 ? launch<64, __half, G, S>(a, stream) : launch<64, float, G, S>(a, stream);
+  return f16 ? launch<128, __half, G, S>(a, stream) : launch<128, float, G, S>(a, stream);
 }
 
 }  // namespace v8
 
-Status launch_v8(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<2>(a, stream); }
-Status launch_v9(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<4>(a, stream); }
+Status launch_v8(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<2, 2>(a, stream); }
+Status launch_v9(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<4, 2>(a, stream); }
+Status launch_v10(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<4, 3>(a, stream); }
+Status launch_v11(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<2, 3>(a, stream); }
 
 }  // namespace kiln::cuda::prefill_detail
