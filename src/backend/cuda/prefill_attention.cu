@@ -1,6 +1,7 @@
-// The prefill attention kernel (see prefill_attention.h).
+// Prefill attention (see prefill_attention.h): the argument checks, the choice of version,
+// and kernel v6 (v8, the default, is in prefill_attention_v8.cu).
 //
-// Layout: 4 warps per block, warp w owns query rows 16w..16w+15 of the block's 64. The
+// v6 layout: 4 warps per block, warp w owns query rows 16w..16w+15 of the block's 64. The
 // fragments follow mma.m16n8k16 (row.col, f16 in, f32 accumulate): lane = 4 * g + t holds
 // rows g and g + 8, columns 2t, 2t + 1 (and + 8) of each 16 x 16 / 16 x 8 piece. The score
 // accumulators of two neighbouring 8-key pieces are, once rounded to f16, exactly the
@@ -289,13 +290,12 @@ Status launch_v6(const PrefillAttentionArgs& a, cudaStream_t stream) {
   return f16 ? v6::launch<128, __half>(a, stream) : v6::launch<128, float>(a, stream);
 }
 
-// The version when the arguments name none: v8, or the one KILN_CUDA_PREFILL_ATTN_V names
-// (6 to 11, for measurements side by side). Read once.
+// The version when the arguments name none: v8, or v6 with KILN_CUDA_PREFILL_ATTN_V=6 (for
+// measurements side by side). Read once.
 int default_version() {
   static const int version = [] {
     const char* v = std::getenv("KILN_CUDA_PREFILL_ATTN_V");
-    const int named = v ? std::atoi(v) : 0;
-    return named >= 6 && named <= 11 ? named : 8;
+    return v && std::strcmp(v, "6") == 0 ? 6 : 8;
   }();
   return version;
 }
@@ -325,12 +325,8 @@ Status prefill_attention(const PrefillAttentionArgs& a, cudaStream_t stream) {
     return Status::invalid("prefill_attention: rows must be 16-byte aligned");
   const int version = a.version != 0 ? a.version : prefill_detail::default_version();
   if (version == 6) return prefill_detail::launch_v6(a, stream);
-  if (version == 7) return prefill_detail::launch_v7(a, stream);
   if (version == 8) return prefill_detail::launch_v8(a, stream);
-  if (version == 9) return prefill_detail::launch_v9(a, stream);
-  if (version == 10) return prefill_detail::launch_v10(a, stream);
-  if (version == 11) return prefill_detail::launch_v11(a, stream);
-  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6 to 11)");
+  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6 or 8)");
 }
 
 }  // namespace kiln::cuda

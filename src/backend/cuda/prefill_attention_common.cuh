@@ -1,6 +1,6 @@
 #pragma once
-// What the prefill attention kernels (v6: prefill_attention.cu, v7: prefill_attention_v7.cu,
-// v8 to v11: prefill_attention_v8.cu) share: the f16 tensor-core product, ldmatrix loads, 16-byte async copies, f16 packing,
+// What the prefill attention kernels (v6: prefill_attention.cu, v8: prefill_attention_v8.cu)
+// share: the f16 tensor-core product, ldmatrix loads, 16-byte async copies, f16 packing,
 // the cache slot of a key and the order in which query blocks go out.
 //
 // Fragments follow mma.m16n8k16 (row.col, f16 in, f32 accumulate): lane = 4 * g + t holds
@@ -81,10 +81,6 @@ __device__ __forceinline__ int block_order(int* head) {
 
 // The kernel versions behind prefill_attention (arguments already checked).
 Status launch_v6(const PrefillAttentionArgs& a, cudaStream_t stream);
-Status launch_v7(const PrefillAttentionArgs& a, cudaStream_t stream);
 Status launch_v8(const PrefillAttentionArgs& a, cudaStream_t stream);
-Status launch_v9(const PrefillAttentionArgs& a, cudaStream_t stream);
-Status launch_v10(const PrefillAttentionArgs& a, cudaStream_t stream);
-Status launch_v11(const PrefillAttentionArgs& a, cudaStream_t stream);
 
 }  // namespace kiln::cuda::prefill_detail

@@ -1,21 +1,21 @@
-// Prefill attention v8 and v9 (see prefill_attention.h for the contract,
-// prefill_attention_v7.cu for the design they refine).
+// Prefill attention v8 (see prefill_attention.h for the contract, prefill_attention.cu for
+// v6, whose fragment layout and tile copies this kernel keeps).
 //
-// v7's two warp groups (keys 0..31 and 32..63 of every tile) shared each tile's copy and met
-// at two block-wide barriers per tile, so all 8 warps ran the same phase at the same time
-// (products, then softmax, then products) and left the tensor cores idle in between. Here
-// the keys come in chunks of 32 and warp group h of G takes chunks h, h + G, h + 2G...:
-// each group copies its own chunks into its own two stages and synchronizes only its own 4
-// warps (a named barrier), once per chunk, so the groups drift apart and one's softmax
-// overlaps another's products. The groups meet twice: after Q is in shared memory, and for
-// the merge of their softmax states, which groups 1.. leave in their own (then idle) stages.
-// v8: G = 2, two stages per group, two blocks per multiprocessor. v9: G = 4, one block of 16
-// warps per multiprocessor, so the heaviest query blocks of a causal prompt get every warp
-// of theirs. v10 (G = 4) and v11 (G = 2): three stages per group, the copies two chunks
-// ahead (v11: one block per multiprocessor, by shared memory).
-// Also: the per-element soft-cap and mask branches are hoisted out of the element loops,
-// and the kernel is launched chained (programmatic dependent launch): its blocks are
-// scheduled while the previous kernel drains and wait for it before reading anything.
+// v6 gave each 16-row warp whole 64-key tiles, and the heaviest query block of a causal
+// prompt ran its 8 tiles with one warp per scheduler: latency-bound. Here 8 warps share
+// the block's 64 query rows: the keys come in chunks of 32, and warp group h of G takes
+// chunks h, h + G, h + 2G... Each group copies its own chunks into its own S stages and
+// synchronizes only its own 4 warps (a named barrier), once per chunk, so the groups drift
+// apart and one's softmax overlaps another's products. The groups meet twice: after Q is in
+// shared memory, and for the merge of their softmax states, which groups 1.. leave in their
+// own (then idle) stages. To keep two blocks per multiprocessor (<= 128 registers a thread)
+// the Q fragments are read from shared memory at each chunk rather than kept in registers.
+// The next chunk's cache slots are read from the block table an iteration ahead.
+// Built with G = 2, S = 2. Measured and slower at the Llama-3-8B prompt shapes (see
+// docs/perf-notes.md, round 8): G = 4 (one 16-warp block per multiprocessor) and S = 3.
+// Also: the soft-cap and mask branches sit outside the element loops, and the kernel is
+// launched chained (programmatic dependent launch): its blocks are scheduled while the
+// previous kernel drains and wait for it before reading anything.
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/prefill_attention_common.cuh"
 
@@ -412,13 +412,13 @@ Status launch(const PrefillAttentionArgs& a, cudaStream_t stream) {
   if (!configured) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         e != cudaSuccess)
-      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel v8..v11)");
+      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel v8)");
     configured = true;
   }
   const dim3 grid(unsigned((a.n_tokens + kQueryRows - 1) / kQueryRows), unsigned(a.n_head));
   if (cudaError_t e = launch_chained(kernel, grid, dim3(G * kGroupThreads), smem, stream, a); e != cudaSuccess)
-    return Status::from_cuda(e, "prefill_attention_kernel v8..v11");
-  return launch_status("prefill_attention_kernel v8..v11");
+    return Status::from_cuda(e, "prefill_attention_kernel v8");
+  return launch_status("prefill_attention_kernel v8");
 }
 
 template <int G, int S>
@@ -431,8 +431,5 @@ Status launch_groups(const PrefillAttentionArgs& a, cudaStream_t stream) {
 }  // namespace v8
 
 Status launch_v8(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<2, 2>(a, stream); }
-Status launch_v9(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<4, 2>(a, stream); }
-Status launch_v10(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<4, 3>(a, stream); }
-Status launch_v11(const PrefillAttentionArgs& a, cudaStream_t stream) { return v8::launch_groups<2, 3>(a, stream); }
 
 }  // namespace kiln::cuda::prefill_detail
