@@ -1,6 +1,7 @@
-// The prefill attention kernel (see prefill_attention.h).
+// Prefill attention (see prefill_attention.h): the argument checks, the choice of version,
+// and kernel v6 (v8, the default, is in prefill_attention_v8.cu).
 //
-// Layout: 4 warps per block, warp w owns query rows 16w..16w+15 of the block's 64. The
+// v6 layout: 4 warps per block, warp w owns query rows 16w..16w+15 of the block's 64. The
 // fragments follow mma.m16n8k16 (row.col, f16 in, f32 accumulate): lane = 4 * g + t holds
 // rows g and g + 8, columns 2t, 2t + 1 (and + 8) of each 16 x 16 / 16 x 8 piece. The score
 // accumulators of two neighbouring 8-key pieces are, once rounded to f16, exactly the
@@ -13,16 +14,15 @@
 // v6b: heavy and light query blocks paired on a multiprocessor (see block_order), masks only
 // on the tiles that cross the diagonal or a window edge, exp2 with log2(e) folded into the
 // scale, cache slots by shift and mask when the block size is a power of two.
-#include "backend/cuda/prefill_attention.h"
-
-#include <cuda_fp16.h>
-
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
-#include "backend/cuda/common.cuh"
+#include "backend/cuda/prefill_attention_common.cuh"
 
 namespace kiln::cuda {
 namespace prefill_detail {
+namespace v6 {
 
 using detail::kFullMask;
 using detail::kWarpSize;
@@ -31,65 +31,11 @@ constexpr int kQueryRows = 64;  // query tokens per block
 constexpr int kKeys = 64;       // keys per tile
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kPad = 8;
 constexpr int kStages = 2;
 
 template <int D>
 constexpr size_t shared_bytes() {
   return size_t(kQueryRows + 2 * kStages * kKeys) * (D + kPad) * sizeof(__half);
-}
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// Four 8 x 8 f16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* row) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(shared_address(row)));
-}
-
-// 16 bytes global -> shared, or 16 zero bytes when `valid` is false (src is then not read).
-__device__ __forceinline__ void cp_async_16_or_zero(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// Four consecutive elements as f16 into shared memory.
-__device__ __forceinline__ void store4(__half* dst, float4 v) {
-  *reinterpret_cast<uint2*>(dst) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
-}
-__device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-
-// One K and one V tile (keys kb.., rows past key_end zero) into a stage. An f16 cache is
-// copied asynchronously in 16-byte pieces (the caller commits and waits); an f32 cache is
-// read through registers, eight loads in flight before they are converted.
-// The cache slot of `key`: its block from the sequence's table, then the offset in it
-// (block_shift >= 0: the block size is 1 << block_shift).
-__device__ __forceinline__ int64_t slot_of(const PrefillAttentionArgs& a, const int32_t* table, int block_shift,
-                                           int key) {
-  if (block_shift >= 0)
-    return (int64_t(table[key >> block_shift]) << block_shift) + (key & ((1 << block_shift) - 1));
-  return int64_t(table[key / a.block_size]) * a.block_size + key % a.block_size;
 }
 
 template <int D, typename KV>
@@ -132,19 +78,6 @@ __device__ __forceinline__ void load_tile(const PrefillAttentionArgs& a, const i
       }
     }
   }
-}
-
-// Query block of the launch's linear block id. The blocks walk 1..n tiles (causal), and two
-// share a multiprocessor: blocks go out in linear order, the first half the heavy query
-// blocks (heaviest first), the second half the light ones (lightest first), so that the
-// second block an SM receives is about as light as its first was heavy.
-__device__ __forceinline__ int block_order(int* head) {
-  const int n_blocks = gridDim.x, n_heads = gridDim.y;
-  const int linear = blockIdx.x + blockIdx.y * n_blocks;
-  const int rank = linear / n_heads;
-  *head = linear % n_heads;
-  const int heavy = n_blocks - n_blocks / 2;
-  return rank < heavy ? n_blocks - 1 - rank : rank - heavy;
 }
 
 template <int D, typename KV>
@@ -341,12 +274,30 @@ Status launch(const PrefillAttentionArgs& a, cudaStream_t stream) {
   if (!configured) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         e != cudaSuccess)
-      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel)");
+      return Status::from_cuda(e, "cudaFuncSetAttribute (prefill_attention_kernel v6)");
     configured = true;
   }
   const dim3 grid(unsigned((a.n_tokens + kQueryRows - 1) / kQueryRows), unsigned(a.n_head));
   kernel<<<grid, kThreads, smem, stream>>>(a);
-  return launch_status("prefill_attention_kernel");
+  return launch_status("prefill_attention_kernel v6");
+}
+
+}  // namespace v6
+
+Status launch_v6(const PrefillAttentionArgs& a, cudaStream_t stream) {
+  const bool f16 = a.cache_type == GgmlType::F16;
+  if (a.head_dim == 64) return f16 ? v6::launch<64, __half>(a, stream) : v6::launch<64, float>(a, stream);
+  return f16 ? v6::launch<128, __half>(a, stream) : v6::launch<128, float>(a, stream);
+}
+
+// The version when the arguments name none: v8, or v6 with KILN_CUDA_PREFILL_ATTN_V=6 (for
+// measurements side by side). Read once.
+int default_version() {
+  static const int version = [] {
+    const char* v = std::getenv("KILN_CUDA_PREFILL_ATTN_V");
+    return v && std::strcmp(v, "6") == 0 ? 6 : 8;
+  }();
+  return version;
 }
 
 }  // namespace prefill_detail
@@ -372,10 +323,10 @@ Status prefill_attention(const PrefillAttentionArgs& a, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(a.out) % 8 != 0 || reinterpret_cast<uintptr_t>(a.k_cache) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(a.v_cache) % 16 != 0)
     return Status::invalid("prefill_attention: rows must be 16-byte aligned");
-  const bool f16 = a.cache_type == GgmlType::F16;
-  if (a.head_dim == 64)
-    return f16 ? prefill_detail::launch<64, __half>(a, stream) : prefill_detail::launch<64, float>(a, stream);
-  return f16 ? prefill_detail::launch<128, __half>(a, stream) : prefill_detail::launch<128, float>(a, stream);
+  const int version = a.version != 0 ? a.version : prefill_detail::default_version();
+  if (version == 6) return prefill_detail::launch_v6(a, stream);
+  if (version == 8) return prefill_detail::launch_v8(a, stream);
+  return Status::invalid("prefill_attention: no kernel version " + std::to_string(version) + " (6 or 8)");
 }
 
 }  // namespace kiln::cuda

@@ -1,8 +1,10 @@
 #pragma once
 // Prefill attention on tensor cores, flash-attention style: a CUDA block takes 64 consecutive
-// query tokens of one sequence and one query head, and walks that sequence's keys in tiles
-// of 64 from the paged cache. Q·Kᵀ and P·V run as f16 mma.sync with f32 accumulation; the
-// softmax is online, in f32 registers, so no score matrix ever reaches memory.
+// query tokens of one sequence and one query head, and walks that sequence's keys from the
+// paged cache (v8, the default: two warp groups on alternate 32-key chunks whose softmax
+// states are merged at the end; v6: 4 warps on whole 64-key tiles). Q·Kᵀ and P·V run as f16
+// mma.sync with f32 accumulation; the softmax is online, in f32 registers, so no score
+// matrix ever reaches memory.
 //
 // Precision: q, k, v and the softmax weights are rounded to f16 for the products (as
 // llama.cpp's and most engines' flash attention do); expect ~1e-3 relative difference
@@ -39,6 +41,9 @@ struct PrefillAttentionArgs {
   const float* sinks = nullptr;  // [n_head] or null
   float* out = nullptr;          // [n_tokens][out_stride]
   int64_t out_stride = 0;
+  // Kernel version: 0 the default (v8, or v6 with KILN_CUDA_PREFILL_ATTN_V=6), or 6 or 8 to
+  // choose one (tests and benchmarks run both).
+  int version = 0;
 };
 
 // Head sizes and cache types the kernel is built for (64 and 128; f32 and f16).
