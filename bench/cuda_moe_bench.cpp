@@ -2,7 +2,8 @@
 // backend/cuda/moe.h on Qwen3-30B-A3B's expert shapes (128 experts of 2048 -> 768 -> 2048,
 // 8 used), random weights and random routing. Decode (indexed matvecs): the median of
 // graph replays of 20 calls, each call with its own routing so that the experts it reads
-// are mostly not in L2. Prefill (grouped GEMMs): the median of single calls.
+// are mostly not in L2. Prefill (grouped GEMMs): the median of single calls, with tile
+// engine v4 and then v5.
 // Prints time, the bytes of the experts the call must read at least once / that time, and
 // TFLOP/s of the routed work.
 //
@@ -133,24 +134,28 @@ void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
     const size_t need = moe_gemm_scratch_bytes(a);
     void* scratch = nullptr;
     check(cudaMalloc(&scratch, need), "scratch");
-    for (int i = 0; i < 3; ++i) check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
-    std::vector<float> ms;
-    for (int i = 0; i < 20; ++i) {
-      cudaEventRecord(e0, s);
-      check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
-      cudaEventRecord(e1, s);
-      check(cudaEventSynchronize(e1), "sync");
-      float t = 0;
-      cudaEventElapsedTime(&t, e0, e1);
-      ms.push_back(t);
+    for (const int version : {4, 5}) {  // the tile engines of moe_gemm_tile.cuh, in turn
+      a.gemm_version = version;
+      for (int i = 0; i < 3; ++i) check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
+      std::vector<float> ms;
+      for (int i = 0; i < 20; ++i) {
+        cudaEventRecord(e0, s);
+        check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
+        cudaEventRecord(e1, s);
+        check(cudaEventSynchronize(e1), "sync");
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        ms.push_back(t);
+      }
+      const double us = median(ms) * 1000.0;
+      const double flops = 2.0 * double(T * kUsed) * 3.0 * double(kEmbd * kFf);
+      const double bytes = touched * expert_bytes;
+      std::printf("%-10s prefill v%d T=%-4lld %8.1f us  %6.1f TFLOP/s  %6.0f GB/s of %.0f MB experts (floors: %.1f us "
+                  "FLOP at 790 TFLOP/s, %.1f us bytes)\n",
+                  name.c_str(), version, (long long)T, us, flops / us * 1e-6, bytes / us * 1e-3, bytes * 1e-6,
+                  flops / 790e6, bytes / 4.2e6);
     }
-    const double us = median(ms) * 1000.0;
-    const double flops = 2.0 * double(T * kUsed) * 3.0 * double(kEmbd * kFf);
-    const double bytes = touched * expert_bytes;
-    std::printf("%-10s prefill T=%-4lld %8.1f us  %6.1f TFLOP/s  %6.0f GB/s of %.0f MB experts (floors: %.1f us "
-                "FLOP at 790 TFLOP/s, %.1f us bytes)\n",
-                name.c_str(), (long long)T, us, flops / us * 1e-6, bytes / us * 1e-3, bytes * 1e-6, flops / 790e6,
-                bytes / 4.2e6);
+    a.gemm_version = 0;
     cudaFree(scratch), cudaFree(const_cast<int32_t*>(a.ids));
   }
   cudaFree(const_cast<void*>(a.gate.data)), cudaFree(const_cast<void*>(a.up.data)),
