@@ -60,7 +60,7 @@ struct MoeFfnArgs {
   int64_t residual_stride = 0;
   GluKind act = GluKind::Silu;
   float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
-  // moe_ffn_gemm only: the tile engine, 4 or 5 (moe_gemm_tile.cuh); 0 takes the default, v5
+  // moe_ffn_gemm only: the tile engine, 4 or 6 (moe_gemm_tile.cuh); 0 takes the default, v6
   // unless the environment says KILN_CUDA_MOE_PREFILL_V=4 (read once).
   int gemm_version = 0;
 };

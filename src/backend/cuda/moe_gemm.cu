@@ -123,12 +123,12 @@ struct SortedH {
 
 // The block's product of its weight rows with its first n_tokens activation rows, left in
 // shared memory as c[token * kLdC + row] with every thread past a barrier: tile engine v4
-// or v5 (moe_gemm_tile.cuh).
+// or v6 (moe_gemm_tile.cuh).
 template <typename W, int V, typename Act>
 __device__ __forceinline__ float* tile_product(uint8_t* smem, const uint8_t* const* rows, int64_t K, int n_tokens,
                                                Act& act) {
-  if constexpr (V == 5) {
-    return gemm_tile_v5<W>(smem, rows, K, n_tokens, act);
+  if constexpr (V == 6) {
+    return gemm_tile_v6<W>(smem, rows, K, n_tokens, act);
   } else {
     AccFrag acc[2][2];
     zero_acc(acc);
@@ -142,7 +142,7 @@ __device__ __forceinline__ float* tile_product(uint8_t* smem, const uint8_t* con
 
 template <typename W, int V>
 struct TileSmem {
-  static constexpr int kBytes = V == 5 ? GemmLayoutV5<W>::kTotal : GemmLayout<W>::kTotal;
+  static constexpr int kBytes = V == 6 ? GemmLayoutV6<W>::kTotal : GemmLayout<W>::kTotal;
 };
 
 // Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert.
@@ -281,12 +281,12 @@ Status launch_tile_gemms(const MoeFfnArgs& a, const Routing& rt, Bf16* h, float*
   return status;
 }
 
-// KILN_CUDA_MOE_PREFILL_V=4 selects tile engine v4 (kept for measurement); anything else v5.
+// KILN_CUDA_MOE_PREFILL_V=4 selects tile engine v4 (kept for measurement); anything else v6.
 // Read once.
 int moe_gemm_default_version() {
   static const int version = [] {
     const char* env = std::getenv("KILN_CUDA_MOE_PREFILL_V");
-    return env && std::string(env) == "4" ? 4 : 5;
+    return env && std::string(env) == "4" ? 4 : 6;
   }();
   return version;
 }
@@ -305,9 +305,9 @@ size_t moe_gemm_scratch_bytes(const MoeFfnArgs& a) { return detail::plan_gemm_sc
 Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   using namespace detail;
   if (a.residual) return Status::invalid("moe_ffn grouped GEMM: no residual add (moe_ffn_matvec takes one)");
-  if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 5)
+  if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 6)
     return Status::invalid("moe_ffn grouped GEMM: tile engine version " + std::to_string(a.gemm_version) +
-                           " does not exist (0 = default, 4 or 5)");
+                           " does not exist (0 = default, 4 or 6)");
   if (!moe_gemm_fits(a))
     return Status::invalid("moe_ffn grouped GEMM: n_embd " + std::to_string(a.n_embd) + " and n_ff " +
                            std::to_string(a.n_ff) + " must be multiples of 32, gate and up of one supported type (" +
@@ -327,7 +327,7 @@ Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cu
   if (Status st = launch_status("moe_sort_kernel"); !st.ok()) return st;
 
   const int version = a.gemm_version != 0 ? a.gemm_version : moe_gemm_default_version();
-  const Status status = version == 4 ? launch_tile_gemms<4>(a, rt, h, y, stream) : launch_tile_gemms<5>(a, rt, h, y, stream);
+  const Status status = version == 4 ? launch_tile_gemms<4>(a, rt, h, y, stream) : launch_tile_gemms<6>(a, rt, h, y, stream);
   if (!status.ok()) return status;
   const dim3 grid(unsigned((a.n_embd + 255) / 256), unsigned(a.n_tokens));
   moe_combine_sorted_kernel<<<grid, 256, 0, stream>>>(a, rt.pos_of_pair, y);

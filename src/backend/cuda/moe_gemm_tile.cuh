@@ -4,8 +4,9 @@
 // kTileTokens activation rows, bf16 WMMA with f32 accumulators. Two versions:
 //   v4 (gemm_tile): decode / barrier / MMA / barrier per 32-column step, 4 x 2 warps of
 //      32 x 32 over all 64 token columns;
-//   v5 (gemm_tile_v5): double-buffered A and B tiles, one barrier per step, 8 warps of
-//      16 rows x the token columns the tile actually has.
+//   v6 (gemm_tile_v6): each warp decodes its own A fragments into registers (no A tile in
+//      shared memory), mma.sync over the 8-token n-tiles the tile actually has, a
+//      double-buffered B tile and one barrier per step.
 #include <mma.h>
 
 #include "backend/cuda/moe_kernels.cuh"
@@ -173,68 +174,59 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
   cp_async_wait<0>();
 }
 
-// ---- v5: one barrier per K step, and no products for a tile's empty token columns ---------
-// v4 (gemm_tile above) runs each 32-column step as decode / barrier / MMA / barrier, and its
-// 4 x 2 warps multiply all 64 token columns even when the tile holds fewer tokens (with 128
-// experts and 8 used of 512 tokens an expert gets ~32, so half of the products were zeros).
-// v5 keeps two A and two B tiles: step s decodes into buffer s % 2 while slower warps may
-// still multiply step s - 1 out of the other one, so one barrier per step is enough (plus
-// one where a new raw chunk lands). Its 8 warps each own 16 weight rows and all 64 token
-// columns in four 16-wide fragments, and skip the fragments that lie wholly past the tile's
-// token count: every warp does the same, smaller amount of work.
+// ---- v6: weights decoded straight into MMA fragments ------------------------------------
+// v4 is bound by shared memory: per 32-column step each block decodes its 128 x 32 weights
+// from the raw stage, stores them as a bf16 A tile, and its warps read that tile back as WMMA
+// fragments (A twice, B four times over), between two block-wide barriers. v6 has each warp
+// decode exactly the A elements its own products need into registers, and multiply with
+// mma.sync m16n8k16 (bf16 in, f32 accumulators):
+//   - warp w owns weight rows 16w .. 16w+15 and all token columns, in n-tiles of 8 tokens;
+//     n-tiles wholly past the tile's token count are skipped (the same for every warp);
+//   - K inside a step is permuted: lane (g, t) (g = lane / 4, t = lane % 4) supplies the
+//     fragment positions k = 2t, 2t+1, 2t+8, 2t+9 of the first 16-column product from
+//     physical columns 8t .. 8t+3 and those of the second from 8t+4 .. 8t+7, in A and in B
+//     alike, so a dot product sums the same terms: one decode8 per row gives a lane's A
+//     registers for both products, and one 16-byte load per n-tile its B registers;
+//   - the B (activation) tile is double-buffered: one barrier per step.
 template <typename W>
-struct GemmLayoutV5 {
+struct GemmLayoutV6 {
   static constexpr int kStageBytes = kTileRows * RawChunk<W>::kPitch;
   static constexpr int kCBytes = kTileTokens * kLdC * 4;
   static constexpr int kRawBytes = 2 * kStageBytes > kCBytes ? 2 * kStageBytes : kCBytes;
-  static constexpr int kABytes = kTileRows * kLdK * 2;  // one buffer
-  static constexpr int kBBytes = kTileTokens * kLdK * 2;
-  static constexpr int kTotal = kRawBytes + 2 * kABytes + 2 * kBBytes;
+  static constexpr int kBBytes = kTileTokens * kLdK * 2;  // one buffer
+  static constexpr int kTotal = kRawBytes + 2 * kBBytes;
 };
 
-constexpr int kTokenFrags = kTileTokens / 16;
+constexpr int kNTiles = kTileTokens / 8;
 
-// Warp w's rows 16w .. 16w+15 times the token fragments j with 16 j < n_tokens, one K step.
-__device__ __forceinline__ void mma_step_v5(const Bf16* a_tile, const Bf16* b_tile, int n_tokens,
-                                            AccFrag (&acc)[kTokenFrags]) {
-  using namespace nvcuda;
-  const int warp = threadIdx.x / kWarpSize;
-#pragma unroll
-  for (int kk = 0; kk < kTileK; kk += 16) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> fa;
-    wmma::load_matrix_sync(fa, a_tile + 16 * warp * kLdK + kk, kLdK);
-#pragma unroll
-    for (int j = 0; j < kTokenFrags; ++j) {
-      if (16 * j >= n_tokens) break;  // the same for the whole block
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> fb;
-      wmma::load_matrix_sync(fb, b_tile + 16 * j * kLdK + kk, kLdK);
-      wmma::mma_sync(acc[j], fa, fb, acc[j]);
-    }
-  }
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
-// Results as c[token * kLdC + row] for the fragments that were computed.
-__device__ __forceinline__ void store_acc_v5(float* c, int n_tokens, AccFrag (&acc)[kTokenFrags]) {
-  const int warp = threadIdx.x / kWarpSize;
-#pragma unroll
-  for (int j = 0; j < kTokenFrags; ++j)
-    if (16 * j < n_tokens)
-      nvcuda::wmma::store_matrix_sync(c + 16 * j * kLdC + 16 * warp, acc[j], kLdC, nvcuda::wmma::mem_col_major);
+// d += a * b for one 16 x 8 x 16 piece (bf16 operands, f32 accumulators).
+__device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // As gemm_tile, for the first n_tokens activation rows; ends with the block's products in
 // shared memory as c[token * kLdC + row] (returned), every thread past a barrier.
 template <typename W, typename Act>
-__device__ __forceinline__ float* gemm_tile_v5(uint8_t* smem, const uint8_t* const* rows, int64_t K, int n_tokens,
+__device__ __forceinline__ float* gemm_tile_v6(uint8_t* smem, const uint8_t* const* rows, int64_t K, int n_tokens,
                                                Act& act) {
   using C = RawChunk<W>;
-  using L = GemmLayoutV5<W>;
+  using L = GemmLayoutV6<W>;
   uint8_t* raw = smem;
-  uint16_t* a_tiles = reinterpret_cast<uint16_t*>(smem + L::kRawBytes);
-  uint16_t* b_tiles = reinterpret_cast<uint16_t*>(smem + L::kRawBytes + 2 * L::kABytes);
-  const int tid = threadIdx.x;
+  uint16_t* b_tiles = reinterpret_cast<uint16_t*>(smem + L::kRawBytes);
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int g = lane / 4, t = lane % 4;
   const int64_t n_chunks = (K + C::kK - 1) / C::kK;
   const int64_t chunk_stride = IsPlain<W>::value ? int64_t(C::kK) * W::kBytes : int64_t(C::kK / W::kElems) * W::kBytes;
+  const int n_tiles = (n_tokens + 7) / 8;
 
   auto issue = [&](int64_t c) {
     if (c < n_chunks) {
@@ -252,13 +244,13 @@ __device__ __forceinline__ float* gemm_tile_v5(uint8_t* smem, const uint8_t* con
     cp_async_commit();
   };
 
-  // This thread decodes 16 columns of one row per step (the two halves share a K-quant
-  // sub-block, so its scale is read once).
-  const int a_row = tid / 2, a_col = (tid % 2) * 16;
-  const uint8_t* my_row = rows[a_row];
-  AccFrag acc[kTokenFrags];
+  // This lane's two weight rows: g and g + 8 of the warp's 16.
+  const int r0 = 16 * warp + g, r1 = r0 + 8;
+  const uint8_t* row0 = rows[r0];
+  const uint8_t* row1 = rows[r1];
+  float acc[kNTiles][4];
 #pragma unroll
-  for (int j = 0; j < kTokenFrags; ++j) nvcuda::wmma::fill_fragment(acc[j], 0.0f);
+  for (int j = 0; j < kNTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
   issue(0);
   act.load(0);
   int64_t sub = 0;
@@ -268,36 +260,49 @@ __device__ __forceinline__ float* gemm_tile_v5(uint8_t* smem, const uint8_t* con
     issue(c + 1);
     cp_async_wait<1>();
     __syncthreads();  // chunk c is in shared memory for every thread
-    const uint8_t* stage = raw + int(c % 2) * L::kStageBytes + a_row * C::kPitch;
-    const int head = my_row ? int(reinterpret_cast<uintptr_t>(my_row + c * chunk_stride) & 15) : 0;
+    const uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
+    const int head0 = row0 ? int(reinterpret_cast<uintptr_t>(row0 + c * chunk_stride) & 15) : 0;
+    const int head1 = row1 ? int(reinterpret_cast<uintptr_t>(row1 + c * chunk_stride) & 15) : 0;
     const int subs = int(min64(C::kK, K - c * C::kK) / kTileK);
     for (int s = 0; s < subs; ++s, ++sub) {
-      // Buffer sub % 2 was last read by the products of step sub - 2, which every thread
+      // B buffer sub % 2 was last read by the products of step sub - 2, which every thread
       // finished before the barrier of step sub - 1.
-      uint16_t* a_tile = a_tiles + int(sub % 2) * (kTileRows * kLdK);
       uint16_t* b_tile = b_tiles + int(sub % 2) * (kTileTokens * kLdK);
-      float v[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) v[i] = 0.0f;
-      if (my_row) {
-        decode8_staged<W>(stage, head, s * kTileK + a_col, v);
-        decode8_staged<W>(stage, head, s * kTileK + a_col + 8, v + 8);
-      }
-      *reinterpret_cast<uint4*>(a_tile + a_row * kLdK + a_col) = pack_bf16x8(v);
-      *reinterpret_cast<uint4*>(a_tile + a_row * kLdK + a_col + 8) = pack_bf16x8(v + 8);
       act.store(b_tile);
       if ((sub + 1) * kTileK < K) act.load(sub + 1);
-      __syncthreads();  // step sub's A and B tiles are complete
-      mma_step_v5(reinterpret_cast<const Bf16*>(a_tile), reinterpret_cast<const Bf16*>(b_tile), n_tokens, acc);
+      float v0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (row0) decode8_staged<W>(stage + r0 * C::kPitch, head0, s * kTileK + 8 * t, v0);
+      if (row1) decode8_staged<W>(stage + r1 * C::kPitch, head1, s * kTileK + 8 * t, v1);
+      // A registers of the two 16-column products (see the permutation above).
+      const uint32_t a_lo[4] = {pack_bf16x2(v0[0], v0[1]), pack_bf16x2(v1[0], v1[1]), pack_bf16x2(v0[2], v0[3]),
+                                pack_bf16x2(v1[2], v1[3])};
+      const uint32_t a_hi[4] = {pack_bf16x2(v0[4], v0[5]), pack_bf16x2(v1[4], v1[5]), pack_bf16x2(v0[6], v0[7]),
+                                pack_bf16x2(v1[6], v1[7])};
+      __syncthreads();  // step sub's B tile is complete
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        if (j >= n_tiles) break;  // the same for the whole block
+        const uint4 b = *reinterpret_cast<const uint4*>(b_tile + (8 * j + g) * kLdK + 8 * t);
+        mma_bf16_16x8x16(acc[j], a_lo, b.x, b.y);
+        mma_bf16_16x8x16(acc[j], a_hi, b.z, b.w);
+      }
     }
   }
   cp_async_wait<0>();
   // The results alias the raw stages only, whose last reader (the last decode) every thread
   // finished before the last step barrier.
-  float* c = reinterpret_cast<float*>(smem);
-  store_acc_v5(c, n_tokens, acc);
+  float* out = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    if (j >= n_tiles) break;
+    const int n = 8 * j + 2 * t;
+    out[n * kLdC + r0] = acc[j][0];
+    out[(n + 1) * kLdC + r0] = acc[j][1];
+    out[n * kLdC + r1] = acc[j][2];
+    out[(n + 1) * kLdC + r1] = acc[j][3];
+  }
   __syncthreads();
-  return c;
+  return out;
 }
 
 }  // namespace kiln::cuda::detail
