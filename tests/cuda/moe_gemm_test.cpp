@@ -1,8 +1,8 @@
-// The grouped MoE GEMMs (moe.h's moe_ffn_gemm) with each tile engine (v4 and v6,
+// The grouped MoE GEMMs (moe.h's moe_ffn_gemm) with each tile engine (v4, v6 and v7,
 // moe_gemm_tile.cuh), called directly, against a double-precision reference written here.
 // The routing is skewed on purpose (expert e is picked with weight (e + 1)^3), so that one
 // call has experts with no tokens, tiles of every fill from 1 to 64 tokens and experts that
-// span two or more tiles: v6 skips the 8-token n-tiles past a tile's count, and a wrong
+// span two or more tiles: v6 and v7 skip the 8-token n-tiles past a tile's count, and a wrong
 // skip shows as a wrong or unwritten (NaN) output. Skips without a GPU.
 //
 // Bound, per output element (bf16 operands, f32 accumulation, h stored as bf16; first order,
@@ -160,7 +160,7 @@ void check_case(const GemmCase& c, std::mt19937_64& rng) {
   ASSERT_TRUE(moe_gemm_fits(a)) << what;
   const DeviceBuffer scratch(moe_gemm_scratch_bytes(a));
   ASSERT_TRUE(scratch.ok());
-  for (const int version : {4, 6}) {
+  for (const int version : {4, 6, 7}) {
     a.gemm_version = version;
     d_out.poison();
     KILN_STATUS_OK(moe_ffn_gemm(a, scratch.as(), scratch.bytes(), nullptr));

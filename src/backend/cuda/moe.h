@@ -60,8 +60,8 @@ struct MoeFfnArgs {
   int64_t residual_stride = 0;
   GluKind act = GluKind::Silu;
   float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
-  // moe_ffn_gemm only: the tile engine, 4 or 6 (moe_gemm_tile.cuh); 0 takes the default, v6
-  // unless the environment says KILN_CUDA_MOE_PREFILL_V=4 (read once).
+  // moe_ffn_gemm only: the tile engine, 4, 6 or 7 (moe_gemm_tile.cuh); 0 takes the default,
+  // v4 unless the environment says KILN_CUDA_MOE_PREFILL_V=6 or 7 (read once).
   int gemm_version = 0;
 };
 

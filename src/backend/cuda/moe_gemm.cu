@@ -16,6 +16,8 @@
 //   3. down: one launch over (row tiles of n_embd, tiles), K = n_ff, h as the bf16 operand;
 //      stores y (f32, bias added) at the sorted positions.
 //   4. combine: out[t] = sum_j weights[t][j] * y[pos(t, j)], slots in order.
+// Steps 2 and 3 run one of the tile engines of moe_gemm_tile.cuh (MoeFfnArgs::gemm_version);
+// the description above is v4's, the default.
 #include <cstdlib>
 #include <string>
 
@@ -95,7 +97,7 @@ struct GatheredX {
       }
     }
   }
-  __device__ void store(uint16_t* b_tile) const {
+  __device__ void store(uint16_t* b_tile, int pitch) const {
     const int tok = threadIdx.x / 8, col = (threadIdx.x % 8) * 4;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -103,7 +105,7 @@ struct GatheredX {
       uint2 packed;
       packed.x = *reinterpret_cast<const uint32_t*>(&lo);
       packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(b_tile + (tok + 32 * i) * kLdK + col) = packed;
+      *reinterpret_cast<uint2*>(b_tile + (tok + 32 * i) * pitch + col) = packed;
     }
   }
 };
@@ -116,19 +118,19 @@ struct SortedH {
   __device__ void load(int64_t sub) {
     v = row ? __ldg(reinterpret_cast<const uint4*>(row + sub * kTileK + (threadIdx.x % 4) * 8)) : make_uint4(0, 0, 0, 0);
   }
-  __device__ void store(uint16_t* b_tile) const {
-    *reinterpret_cast<uint4*>(b_tile + (threadIdx.x / 4) * kLdK + (threadIdx.x % 4) * 8) = v;
+  __device__ void store(uint16_t* b_tile, int pitch) const {
+    *reinterpret_cast<uint4*>(b_tile + (threadIdx.x / 4) * pitch + (threadIdx.x % 4) * 8) = v;
   }
 };
 
 // The block's product of its weight rows with its first n_tokens activation rows, left in
-// shared memory as c[token * kLdC + row] with every thread past a barrier: tile engine v4
-// or v6 (moe_gemm_tile.cuh).
+// shared memory as c[token * kLdC + row] with every thread past a barrier: tile engine v4,
+// v6 or v7 (v6 with unpadded B rows; moe_gemm_tile.cuh).
 template <typename W, int V, typename Act>
 __device__ __forceinline__ float* tile_product(uint8_t* smem, const uint8_t* const* rows, int64_t K, int n_tokens,
                                                Act& act) {
-  if constexpr (V == 6) {
-    return gemm_tile_v6<W>(smem, rows, K, n_tokens, act);
+  if constexpr (V >= 6) {
+    return gemm_tile_v6<W, V == 7 ? kTileK : kLdK>(smem, rows, K, n_tokens, act);
   } else {
     AccFrag acc[2][2];
     zero_acc(acc);
@@ -142,7 +144,7 @@ __device__ __forceinline__ float* tile_product(uint8_t* smem, const uint8_t* con
 
 template <typename W, int V>
 struct TileSmem {
-  static constexpr int kBytes = V == 6 ? GemmLayoutV6<W>::kTotal : GemmLayout<W>::kTotal;
+  static constexpr int kBytes = V >= 6 ? GemmLayoutV6<W, V == 7 ? kTileK : kLdK>::kTotal : GemmLayout<W>::kTotal;
 };
 
 // Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert.
@@ -281,12 +283,14 @@ Status launch_tile_gemms(const MoeFfnArgs& a, const Routing& rt, Bf16* h, float*
   return status;
 }
 
-// KILN_CUDA_MOE_PREFILL_V=4 selects tile engine v4 (kept for measurement); anything else v6.
-// Read once.
+// Tile engine v4 unless KILN_CUDA_MOE_PREFILL_V=6 or 7 (read once). v6 is faster where the
+// routing is even (most tiles hold up to 32 tokens), v4 where many tiles are full, as in the
+// synthetic models the end-to-end benchmarks use (docs/perf-notes-moe.md, round 8).
 int moe_gemm_default_version() {
   static const int version = [] {
     const char* env = std::getenv("KILN_CUDA_MOE_PREFILL_V");
-    return env && std::string(env) == "4" ? 4 : 6;
+    const std::string v = env ? env : "";
+    return v == "6" ? 6 : v == "7" ? 7 : 4;
   }();
   return version;
 }
@@ -305,9 +309,9 @@ size_t moe_gemm_scratch_bytes(const MoeFfnArgs& a) { return detail::plan_gemm_sc
 Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   using namespace detail;
   if (a.residual) return Status::invalid("moe_ffn grouped GEMM: no residual add (moe_ffn_matvec takes one)");
-  if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 6)
+  if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 6 && a.gemm_version != 7)
     return Status::invalid("moe_ffn grouped GEMM: tile engine version " + std::to_string(a.gemm_version) +
-                           " does not exist (0 = default, 4 or 6)");
+                           " does not exist (0 = default, 4, 6 or 7)");
   if (!moe_gemm_fits(a))
     return Status::invalid("moe_ffn grouped GEMM: n_embd " + std::to_string(a.n_embd) + " and n_ff " +
                            std::to_string(a.n_ff) + " must be multiples of 32, gate and up of one supported type (" +
@@ -327,7 +331,9 @@ Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cu
   if (Status st = launch_status("moe_sort_kernel"); !st.ok()) return st;
 
   const int version = a.gemm_version != 0 ? a.gemm_version : moe_gemm_default_version();
-  const Status status = version == 4 ? launch_tile_gemms<4>(a, rt, h, y, stream) : launch_tile_gemms<6>(a, rt, h, y, stream);
+  const Status status = version == 6   ? launch_tile_gemms<6>(a, rt, h, y, stream)
+                        : version == 7 ? launch_tile_gemms<7>(a, rt, h, y, stream)
+                                       : launch_tile_gemms<4>(a, rt, h, y, stream);
   if (!status.ok()) return status;
   const dim3 grid(unsigned((a.n_embd + 255) / 256), unsigned(a.n_tokens));
   moe_combine_sorted_kernel<<<grid, 256, 0, stream>>>(a, rt.pos_of_pair, y);

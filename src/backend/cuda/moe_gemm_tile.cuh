@@ -6,7 +6,7 @@
 //      32 x 32 over all 64 token columns;
 //   v6 (gemm_tile_v6): each warp decodes its own A fragments into registers (no A tile in
 //      shared memory), mma.sync over the 8-token n-tiles the tile actually has, a
-//      double-buffered B tile and one barrier per step.
+//      double-buffered B tile and one barrier per step; v7: v6 with unpadded B rows.
 #include <mma.h>
 
 #include "backend/cuda/moe_kernels.cuh"
@@ -164,7 +164,7 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
         }
         *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
       }
-      act.store(b_tile);
+      act.store(b_tile, kLdK);
       if ((sub + 1) * kTileK < K) act.load(sub + 1);
       __syncthreads();
       mma_step(reinterpret_cast<const Bf16*>(a_tile), reinterpret_cast<const Bf16*>(b_tile), acc);
@@ -188,12 +188,17 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
 //     alike, so a dot product sums the same terms: one decode8 per row gives a lane's A
 //     registers for both products, and one 16-byte load per n-tile its B registers;
 //   - the B (activation) tile is double-buffered: one barrier per step.
-template <typename W>
+// Measured (docs/perf-notes-moe.md, round 8): faster than v4 on tiles of up to ~32 tokens,
+// slower on full ones. Suspect: the B rows keep v4's padded pitch (kLdK, 80 bytes), made for
+// WMMA's loads; for the 16-byte loads here the two rows of a quarter-warp then share banks
+// (2 wavefronts where 1 would do). An unpadded 64-byte pitch would be conflict-free, for the
+// activation stores too: v7 is v6 with that pitch (kLdB = kTileK instead of kLdK).
+template <typename W, int kLdB>
 struct GemmLayoutV6 {
   static constexpr int kStageBytes = kTileRows * RawChunk<W>::kPitch;
   static constexpr int kCBytes = kTileTokens * kLdC * 4;
   static constexpr int kRawBytes = 2 * kStageBytes > kCBytes ? 2 * kStageBytes : kCBytes;
-  static constexpr int kBBytes = kTileTokens * kLdK * 2;  // one buffer
+  static constexpr int kBBytes = kTileTokens * kLdB * 2;  // one buffer
   static constexpr int kTotal = kRawBytes + 2 * kBBytes;
 };
 
@@ -215,11 +220,11 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
 
 // As gemm_tile, for the first n_tokens activation rows; ends with the block's products in
 // shared memory as c[token * kLdC + row] (returned), every thread past a barrier.
-template <typename W, typename Act>
+template <typename W, int kLdB, typename Act>
 __device__ __forceinline__ float* gemm_tile_v6(uint8_t* smem, const uint8_t* const* rows, int64_t K, int n_tokens,
                                                Act& act) {
   using C = RawChunk<W>;
-  using L = GemmLayoutV6<W>;
+  using L = GemmLayoutV6<W, kLdB>;
   uint8_t* raw = smem;
   uint16_t* b_tiles = reinterpret_cast<uint16_t*>(smem + L::kRawBytes);
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -267,8 +272,8 @@ __device__ __forceinline__ float* gemm_tile_v6(uint8_t* smem, const uint8_t* con
     for (int s = 0; s < subs; ++s, ++sub) {
       // B buffer sub % 2 was last read by the products of step sub - 2, which every thread
       // finished before the barrier of step sub - 1.
-      uint16_t* b_tile = b_tiles + int(sub % 2) * (kTileTokens * kLdK);
-      act.store(b_tile);
+      uint16_t* b_tile = b_tiles + int(sub % 2) * (kTileTokens * kLdB);
+      act.store(b_tile, kLdB);
       if ((sub + 1) * kTileK < K) act.load(sub + 1);
       float v0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (row0) decode8_staged<W>(stage + r0 * C::kPitch, head0, s * kTileK + 8 * t, v0);
@@ -282,7 +287,7 @@ __device__ __forceinline__ float* gemm_tile_v6(uint8_t* smem, const uint8_t* con
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
         if (j >= n_tiles) break;  // the same for the whole block
-        const uint4 b = *reinterpret_cast<const uint4*>(b_tile + (8 * j + g) * kLdK + 8 * t);
+        const uint4 b = *reinterpret_cast<const uint4*>(b_tile + (8 * j + g) * kLdB + 8 * t);
         mma_bf16_16x8x16(acc[j], a_lo, b.x, b.y);
         mma_bf16_16x8x16(acc[j], a_hi, b.z, b.w);
       }
