@@ -285,7 +285,8 @@ Status launch_tile_gemms(const MoeFfnArgs& a, const Routing& rt, Bf16* h, float*
 
 // Tile engine v4 unless KILN_CUDA_MOE_PREFILL_V=6 or 7 (read once). v6 is faster where the
 // routing is even (most tiles hold up to 32 tokens), v4 where many tiles are full, as in the
-// synthetic models the end-to-end benchmarks use (docs/perf-notes-moe.md, round 8).
+// synthetic models the end-to-end benchmarks use; v7 beat v4 on both in the kernel bench but
+// has no end-to-end figure yet (docs/perf-notes-moe.md, round 8).
 int moe_gemm_default_version() {
   static const int version = [] {
     const char* env = std::getenv("KILN_CUDA_MOE_PREFILL_V");

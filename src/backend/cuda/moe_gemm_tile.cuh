@@ -188,11 +188,12 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
 //     alike, so a dot product sums the same terms: one decode8 per row gives a lane's A
 //     registers for both products, and one 16-byte load per n-tile its B registers;
 //   - the B (activation) tile is double-buffered: one barrier per step.
-// Measured (docs/perf-notes-moe.md, round 8): faster than v4 on tiles of up to ~32 tokens,
-// slower on full ones. Suspect: the B rows keep v4's padded pitch (kLdK, 80 bytes), made for
-// WMMA's loads; for the 16-byte loads here the two rows of a quarter-warp then share banks
-// (2 wavefronts where 1 would do). An unpadded 64-byte pitch would be conflict-free, for the
-// activation stores too: v7 is v6 with that pitch (kLdB = kTileK instead of kLdK).
+// Measured (docs/perf-notes-moe.md, round 8): v6 is faster than v4 on tiles of up to ~32
+// tokens and slower on full ones: its B rows keep v4's padded pitch (kLdK, 80 bytes), made for
+// WMMA's loads, and for the 16-byte loads here the two rows a quarter-warp reads then share
+// banks (2 wavefronts where 1 would do). v7 is v6 with unpadded 64-byte rows (kLdB = kTileK),
+// conflict-free for those loads and for the activation stores: faster than v4 on uniform and
+// on concentrated routing in the kernel bench.
 template <typename W, int kLdB>
 struct GemmLayoutV6 {
   static constexpr int kStageBytes = kTileRows * RawChunk<W>::kPitch;
