@@ -2,7 +2,8 @@
 // backend/cuda/moe.h on Qwen3-30B-A3B's expert shapes (128 experts of 2048 -> 768 -> 2048,
 // 8 used), random weights and random routing. Decode (indexed matvecs): the median of
 // graph replays of 20 calls, each call with its own routing so that the experts it reads
-// are mostly not in L2. Prefill (grouped GEMMs): the median of single calls.
+// are mostly not in L2. Prefill (grouped GEMMs): the median of single calls, with tile
+// engine v4, v6 and v7.
 // Prints time, the bytes of the experts the call must read at least once / that time, and
 // TFLOP/s of the routed work.
 //
@@ -10,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,6 +46,24 @@ std::vector<int32_t> random_ids(int64_t T, std::mt19937_64& rng) {
     for (int e = 0; e < kExperts; ++e) order[size_t(e)] = e;
     std::shuffle(order.begin(), order.end(), rng);
     ids.insert(ids.end(), order.begin(), order.begin() + kUsed);
+  }
+  return ids;
+}
+
+// Routing concentrated on few experts, as the synthetic models' (whose MoE layers cost ~2/3
+// of the uniform case): expert e drawn with weight 2^(-e/3), k distinct per token. At T = 512
+// that makes ~87 tiles of 64 pairs, ~53 of them full (uniform: 128, almost none full).
+std::vector<int32_t> concentrated_ids(int64_t T, std::mt19937_64& rng) {
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> weight(static_cast<size_t>(kExperts));
+    for (int e = 0; e < kExperts; ++e) weight[size_t(e)] = std::exp2(-e / 3.0);
+    for (int j = 0; j < kUsed; ++j) {
+      std::discrete_distribution<int> pick(weight.begin(), weight.end());
+      const int e = pick(rng);
+      ids.push_back(e);
+      weight[size_t(e)] = 0;
+    }
   }
   return ids;
 }
@@ -125,32 +145,36 @@ void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
   }
 
   // Prefill: T tokens, one call per sample.
-  for (const int64_t T : {int64_t(64), int64_t(512)}) {
+  for (const auto& [T, concentrated] : {std::pair<int64_t, bool>{64, false}, {512, false}, {512, true}}) {
     a.n_tokens = T;
-    const std::vector<int32_t> h = random_ids(T, rng);
+    const std::vector<int32_t> h = concentrated ? concentrated_ids(T, rng) : random_ids(T, rng);
     const double touched = double(std::set<int32_t>(h.begin(), h.end()).size());
     a.ids = static_cast<const int32_t*>(device_copy(h.data(), h.size() * 4));
     const size_t need = moe_gemm_scratch_bytes(a);
     void* scratch = nullptr;
     check(cudaMalloc(&scratch, need), "scratch");
-    for (int i = 0; i < 3; ++i) check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
-    std::vector<float> ms;
-    for (int i = 0; i < 20; ++i) {
-      cudaEventRecord(e0, s);
-      check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
-      cudaEventRecord(e1, s);
-      check(cudaEventSynchronize(e1), "sync");
-      float t = 0;
-      cudaEventElapsedTime(&t, e0, e1);
-      ms.push_back(t);
+    for (const int version : {4, 6, 7}) {  // the tile engines of moe_gemm_tile.cuh, in turn
+      a.gemm_version = version;
+      for (int i = 0; i < 3; ++i) check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
+      std::vector<float> ms;
+      for (int i = 0; i < 20; ++i) {
+        cudaEventRecord(e0, s);
+        check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
+        cudaEventRecord(e1, s);
+        check(cudaEventSynchronize(e1), "sync");
+        float t = 0;
+        cudaEventElapsedTime(&t, e0, e1);
+        ms.push_back(t);
+      }
+      const double us = median(ms) * 1000.0;
+      const double flops = 2.0 * double(T * kUsed) * 3.0 * double(kEmbd * kFf);
+      const double bytes = touched * expert_bytes;
+      std::printf("%-10s prefill v%d T=%-4lld %-12s %8.1f us  %6.1f TFLOP/s  %6.0f GB/s of %.0f MB experts (floors: "
+                  "%.1f us FLOP at 790 TFLOP/s, %.1f us bytes)\n",
+                  name.c_str(), version, (long long)T, concentrated ? "concentrated" : "uniform", us, flops / us * 1e-6,
+                  bytes / us * 1e-3, bytes * 1e-6, flops / 790e6, bytes / 4.2e6);
     }
-    const double us = median(ms) * 1000.0;
-    const double flops = 2.0 * double(T * kUsed) * 3.0 * double(kEmbd * kFf);
-    const double bytes = touched * expert_bytes;
-    std::printf("%-10s prefill T=%-4lld %8.1f us  %6.1f TFLOP/s  %6.0f GB/s of %.0f MB experts (floors: %.1f us "
-                "FLOP at 790 TFLOP/s, %.1f us bytes)\n",
-                name.c_str(), (long long)T, us, flops / us * 1e-6, bytes / us * 1e-3, bytes * 1e-6, flops / 790e6,
-                bytes / 4.2e6);
+    a.gemm_version = 0;
     cudaFree(scratch), cudaFree(const_cast<int32_t*>(a.ids));
   }
   cudaFree(const_cast<void*>(a.gate.data)), cudaFree(const_cast<void*>(a.up.data)),

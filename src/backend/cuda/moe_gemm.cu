@@ -16,28 +16,16 @@
 //   3. down: one launch over (row tiles of n_embd, tiles), K = n_ff, h as the bf16 operand;
 //      stores y (f32, bias added) at the sorted positions.
 //   4. combine: out[t] = sum_j weights[t][j] * y[pos(t, j)], slots in order.
-#include <mma.h>
-
+// Steps 2 and 3 run one of the tile engines of moe_gemm_tile.cuh (MoeFfnArgs::gemm_version);
+// the description above is v4's, the default.
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/moe.h"
-#include "backend/cuda/moe_kernels.cuh"
-#include "backend/cuda/moe_staged_decode.cuh"
+#include "backend/cuda/moe_gemm_tile.cuh"
 
 namespace kiln::cuda {
 namespace detail {
-
-constexpr int kTileTokens = 64;   // tokens (sorted pairs) per tile
-constexpr int kTileK = 32;        // K step
-constexpr int kLdK = kTileK + 8;  // bf16 per shared row (pads off bank conflicts; a multiple of 8)
-constexpr int kGemmThreads = 256; // 8 warps: 4 along the rows x 2 along the tokens, 32 x 32 each
-constexpr int kTileRows = 128;    // weight rows per block (gate/up: 64 of gate + the same 64 of up)
-// Registers capped for 3 blocks (24 warps) per SM: at ~100 registers gate/up ran 2 blocks per
-// SM, and each K step's decode and its two block-wide barriers left the SM mostly waiting.
-constexpr int kGemmBlocksPerSm = 3;
-constexpr int kLdC = kTileRows + 4;
-
-using Bf16 = __nv_bfloat16;
 
 struct MoeTile {
   int expert, start, count, pad;
@@ -88,156 +76,8 @@ __global__ void __launch_bounds__(1024) moe_sort_kernel(MoeFfnArgs a, Routing r)
   }
 }
 
-__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
-  uint4 u;
-  uint32_t* w = reinterpret_cast<uint32_t*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    w[i] = *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  return u;
-}
-
 __device__ __forceinline__ const uint8_t* matrix_row(const ExpertMatrix& m, int expert, int64_t row) {
   return static_cast<const uint8_t*>(m.data) + int64_t(expert) * m.expert_bytes + row * m.row_bytes;
-}
-
-// ---- the tile engine ---------------------------------------------------------------------
-// Raw weight bytes travel in chunks of kK columns (one K-quant super-block, or 4 blocks of
-// 32) per row, copied with 16-byte asynchronous copies one chunk ahead; each chunk is then
-// decoded 32 columns at a time from shared memory into the bf16 A tile.
-
-// Blocks of 32 travel in chunks of 128 columns (4 blocks): with 256, q8_0's two stages of
-// 128 rows took 74 KB and held the launch to 2 blocks per SM.
-template <typename W>
-struct RawChunk {
-  static constexpr int kK = IsPlain<W>::value ? (W::kBytes == 4 ? 64 : 128) : W::kElems == 32 ? 128 : 256;
-  static constexpr int kBytes = IsPlain<W>::value ? kK * W::kBytes : kK / W::kElems * W::kBytes;
-  // The chunk's bytes behind up to 15 bytes of misalignment, in whole 16-byte pieces.
-  static constexpr int kPitch = (kBytes + 15 + 15) / 16 * 16;
-  static constexpr int kPieces = kPitch / 16;
-};
-
-// Dynamic shared memory: [2 raw stages][A tile][B tile]; the f32 results alias the stages.
-template <typename W>
-struct GemmLayout {
-  static constexpr int kStageBytes = kTileRows * RawChunk<W>::kPitch;
-  static constexpr int kCBytes = kTileTokens * kLdC * 4;
-  static constexpr int kRawBytes = 2 * kStageBytes > kCBytes ? 2 * kStageBytes : kCBytes;
-  static constexpr int kABytes = kTileRows * kLdK * 2;
-  static constexpr int kBBytes = kTileTokens * kLdK * 2;
-  static constexpr int kTotal = kRawBytes + kABytes + kBBytes;
-};
-
-using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
-
-// The block's 128 x 64 product over one K step of 32 from the staged tiles (A: row-major
-// (row, k); B: (token, k), i.e. column-major K x N); acc[i][j] is the warp's 16 x 16 piece
-// at rows 32*wm + 16*i, tokens 32*wn + 16*j.
-__device__ __forceinline__ void mma_step(const Bf16* a_tile, const Bf16* b_tile, AccFrag (&acc)[2][2]) {
-  using namespace nvcuda;
-  const int warp = threadIdx.x / kWarpSize, wm = warp % 4, wn = warp / 4;
-#pragma unroll
-  for (int kk = 0; kk < kTileK; kk += 16) {
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, Bf16, wmma::row_major> fa[2];
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, Bf16, wmma::col_major> fb[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], a_tile + (32 * wm + 16 * i) * kLdK + kk, kLdK);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(fb[j], b_tile + (32 * wn + 16 * j) * kLdK + kk, kLdK);
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-  }
-}
-
-// Results as c[token * kLdC + row].
-__device__ __forceinline__ void store_acc(float* c, AccFrag (&acc)[2][2]) {
-  using namespace nvcuda;
-  const int warp = threadIdx.x / kWarpSize, wm = warp % 4, wn = warp / 4;
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(c + (32 * wn + 16 * j) * kLdC + 32 * wm + 16 * i, acc[i][j], kLdC, wmma::mem_col_major);
-}
-
-__device__ __forceinline__ void zero_acc(AccFrag (&acc)[2][2]) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
-}
-
-// One block's product of kTileRows weight rows (row_of(i): its bytes, or null past the end)
-// with kTileTokens activation rows over K columns, into acc. The activations come from
-// `Act`: load(sub) fetches this thread's share of sub-step `sub` (32 columns) into
-// registers, store() puts it into the B tile.
-template <typename W, typename Act>
-__device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* rows, int64_t K, Act& act,
-                                          AccFrag (&acc)[2][2]) {
-  using C = RawChunk<W>;
-  using L = GemmLayout<W>;
-  uint8_t* raw = smem;
-  uint16_t* a_tile = reinterpret_cast<uint16_t*>(smem + L::kRawBytes);
-  uint16_t* b_tile = reinterpret_cast<uint16_t*>(smem + L::kRawBytes + L::kABytes);
-  const int tid = threadIdx.x;
-  const int64_t n_chunks = (K + C::kK - 1) / C::kK;
-
-  auto chunk_bytes = [&](int64_t c) {
-    const int64_t cols = min64(C::kK, K - c * C::kK);
-    return IsPlain<W>::value ? int(cols) * W::kBytes : int(cols / W::kElems) * W::kBytes;
-  };
-  auto chunk_src = [&](int r, int64_t c) {  // first byte of chunk c of tile row r
-    return rows[r] + c * (IsPlain<W>::value ? int64_t(C::kK) * W::kBytes : int64_t(C::kK / W::kElems) * W::kBytes);
-  };
-  auto issue = [&](int64_t c) {
-    if (c < n_chunks) {
-      const int bytes = chunk_bytes(c);
-      uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
-      for (int i = tid; i < kTileRows * C::kPieces; i += kGemmThreads) {
-        const int r = i / C::kPieces, piece = i % C::kPieces;
-        if (!rows[r]) continue;
-        const uintptr_t addr = reinterpret_cast<uintptr_t>(chunk_src(r, c));
-        if (piece * 16 >= int(addr & 15) + bytes) continue;
-        cp_async_16(stage + r * C::kPitch + 16 * piece, reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
-      }
-    }
-    cp_async_commit();
-  };
-
-  // This thread decodes rows a_row and a_row + 64, 8 columns at a_col of each sub-step.
-  const int a_row = tid / 4, a_col = (tid % 4) * 8;
-  issue(0);
-  act.load(0);
-  int64_t sub = 0;
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    issue(c + 1);
-    cp_async_wait<1>();
-    __syncthreads();  // chunk c is in shared memory for every thread
-    const uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
-    const int subs = int(min64(C::kK, K - c * C::kK) / kTileK);
-    for (int s = 0; s < subs; ++s, ++sub) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int r = a_row + 64 * half;
-        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (rows[r]) {
-          const int head = int(reinterpret_cast<uintptr_t>(chunk_src(r, c)) & 15);
-          decode8_staged<W>(stage + r * C::kPitch, head, s * kTileK + a_col, v);
-        }
-        *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
-      }
-      act.store(b_tile);
-      if ((sub + 1) * kTileK < K) act.load(sub + 1);
-      __syncthreads();
-      mma_step(reinterpret_cast<const Bf16*>(a_tile), reinterpret_cast<const Bf16*>(b_tile), acc);
-      __syncthreads();
-    }
-  }
-  cp_async_wait<0>();
 }
 
 // Activations of gate/up: f32 rows of x gathered by token, rounded to bf16. Thread ->
@@ -257,7 +97,7 @@ struct GatheredX {
       }
     }
   }
-  __device__ void store(uint16_t* b_tile) const {
+  __device__ void store(uint16_t* b_tile, int pitch) const {
     const int tok = threadIdx.x / 8, col = (threadIdx.x % 8) * 4;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -265,7 +105,7 @@ struct GatheredX {
       uint2 packed;
       packed.x = *reinterpret_cast<const uint32_t*>(&lo);
       packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(b_tile + (tok + 32 * i) * kLdK + col) = packed;
+      *reinterpret_cast<uint2*>(b_tile + (tok + 32 * i) * pitch + col) = packed;
     }
   }
 };
@@ -278,13 +118,37 @@ struct SortedH {
   __device__ void load(int64_t sub) {
     v = row ? __ldg(reinterpret_cast<const uint4*>(row + sub * kTileK + (threadIdx.x % 4) * 8)) : make_uint4(0, 0, 0, 0);
   }
-  __device__ void store(uint16_t* b_tile) const {
-    *reinterpret_cast<uint4*>(b_tile + (threadIdx.x / 4) * kLdK + (threadIdx.x % 4) * 8) = v;
+  __device__ void store(uint16_t* b_tile, int pitch) const {
+    *reinterpret_cast<uint4*>(b_tile + (threadIdx.x / 4) * pitch + (threadIdx.x % 4) * 8) = v;
   }
 };
 
+// The block's product of its weight rows with its first n_tokens activation rows, left in
+// shared memory as c[token * kLdC + row] with every thread past a barrier: tile engine v4,
+// v6 or v7 (v6 with unpadded B rows; moe_gemm_tile.cuh).
+template <typename W, int V, typename Act>
+__device__ __forceinline__ float* tile_product(uint8_t* smem, const uint8_t* const* rows, int64_t K, int n_tokens,
+                                               Act& act) {
+  if constexpr (V >= 6) {
+    return gemm_tile_v6<W, V == 7 ? kTileK : kLdK>(smem, rows, K, n_tokens, act);
+  } else {
+    AccFrag acc[2][2];
+    zero_acc(acc);
+    gemm_tile<W>(smem, rows, K, act, acc);
+    float* c = reinterpret_cast<float*>(smem);
+    store_acc(c, acc);
+    __syncthreads();
+    return c;
+  }
+}
+
+template <typename W, int V>
+struct TileSmem {
+  static constexpr int kBytes = V >= 6 ? GemmLayoutV6<W, V == 7 ? kTileK : kLdK>::kTotal : GemmLayout<W>::kTotal;
+};
+
 // Rows x*64 .. of gate (tile rows 0..63) and up (64..127) of the tile's expert.
-template <typename W>
+template <typename W, int V>
 __global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_gate_up_gemm_kernel(MoeFfnArgs a, Routing rt, Bf16* h) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ const uint8_t* rows[kTileRows];
@@ -304,12 +168,7 @@ __global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_gate_up_ge
     act.rows[i] = n < tile.count ? a.x + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.x_stride : nullptr;
   }
   __syncthreads();
-  AccFrag acc[2][2];
-  zero_acc(acc);
-  gemm_tile<W>(smem, rows, a.n_embd, act, acc);
-  float* c = reinterpret_cast<float*>(smem);
-  store_acc(c, acc);
-  __syncthreads();
+  const float* c = tile_product<W, V>(smem, rows, a.n_embd, tile.count, act);
   for (int idx = tid; idx < kTileTokens * 64; idx += kGemmThreads) {
     const int n = idx / 64, r = idx % 64;
     const int64_t row = row0 + r;
@@ -322,7 +181,7 @@ __global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_gate_up_ge
 }
 
 // Rows x*128 .. of down of the tile's expert; y (f32, bias added) at the sorted positions.
-template <typename W>
+template <typename W, int V>
 __global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_down_gemm_kernel(MoeFfnArgs a, Routing rt, const Bf16* h,
                                                                      float* y) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -335,12 +194,7 @@ __global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_down_gemm_
   SortedH act;
   act.row = tid / 4 < tile.count ? h + int64_t(tile.start + tid / 4) * a.n_ff : nullptr;
   __syncthreads();
-  AccFrag acc[2][2];
-  zero_acc(acc);
-  gemm_tile<W>(smem, rows, a.n_ff, act, acc);
-  float* c = reinterpret_cast<float*>(smem);
-  store_acc(c, acc);
-  __syncthreads();
+  const float* c = tile_product<W, V>(smem, rows, a.n_ff, tile.count, act);
   for (int idx = tid; idx < kTileTokens * kTileRows; idx += kGemmThreads) {
     const int n = idx / kTileRows, r = idx % kTileRows;
     const int64_t row = row0 + r;
@@ -395,6 +249,53 @@ GemmScratch plan_gemm_scratch(const MoeFfnArgs& a) {
   return s;
 }
 
+// gate/up (+GLU) and down with tile engine V.
+template <int V>
+Status launch_tile_gemms(const MoeFfnArgs& a, const Routing& rt, Bf16* h, float* y, cudaStream_t stream) {
+  Status status;
+  const unsigned tiles = unsigned(max_tiles(a));
+  visit_moe_format(a.gate.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    const int smem = TileSmem<W, V>::kBytes;
+    if (cudaError_t e = cudaFuncSetAttribute(moe_gate_up_gemm_kernel<W, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             smem);
+        e != cudaSuccess) {
+      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_gate_up_gemm_kernel)");
+      return;
+    }
+    const dim3 grid(unsigned((a.n_ff + 63) / 64), tiles);
+    moe_gate_up_gemm_kernel<W, V><<<grid, kGemmThreads, smem, stream>>>(a, rt, h);
+    status = launch_status("moe_gate_up_gemm_kernel");
+  });
+  if (!status.ok()) return status;
+  visit_moe_format(a.down.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    const int smem = TileSmem<W, V>::kBytes;
+    if (cudaError_t e = cudaFuncSetAttribute(moe_down_gemm_kernel<W, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess) {
+      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_down_gemm_kernel)");
+      return;
+    }
+    const dim3 grid(unsigned((a.n_embd + kTileRows - 1) / kTileRows), tiles);
+    moe_down_gemm_kernel<W, V><<<grid, kGemmThreads, smem, stream>>>(a, rt, h, y);
+    status = launch_status("moe_down_gemm_kernel");
+  });
+  return status;
+}
+
+// Tile engine v4 unless KILN_CUDA_MOE_PREFILL_V=6 or 7 (read once). v6 is faster where the
+// routing is even (most tiles hold up to 32 tokens), v4 where many tiles are full, as in the
+// synthetic models the end-to-end benchmarks use; v7 beat v4 on both in the kernel bench but
+// has no end-to-end figure yet (docs/perf-notes-moe.md, round 8).
+int moe_gemm_default_version() {
+  static const int version = [] {
+    const char* env = std::getenv("KILN_CUDA_MOE_PREFILL_V");
+    const std::string v = env ? env : "";
+    return v == "6" ? 6 : v == "7" ? 7 : 4;
+  }();
+  return version;
+}
+
 }  // namespace detail
 
 bool moe_gemm_fits(const MoeFfnArgs& a) {
@@ -409,6 +310,9 @@ size_t moe_gemm_scratch_bytes(const MoeFfnArgs& a) { return detail::plan_gemm_sc
 Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   using namespace detail;
   if (a.residual) return Status::invalid("moe_ffn grouped GEMM: no residual add (moe_ffn_matvec takes one)");
+  if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 6 && a.gemm_version != 7)
+    return Status::invalid("moe_ffn grouped GEMM: tile engine version " + std::to_string(a.gemm_version) +
+                           " does not exist (0 = default, 4, 6 or 7)");
   if (!moe_gemm_fits(a))
     return Status::invalid("moe_ffn grouped GEMM: n_embd " + std::to_string(a.n_embd) + " and n_ff " +
                            std::to_string(a.n_ff) + " must be multiples of 32, gate and up of one supported type (" +
@@ -427,33 +331,10 @@ Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cu
   moe_sort_kernel<<<1, 1024, size_t(2 * a.n_expert) * sizeof(int), stream>>>(a, rt);
   if (Status st = launch_status("moe_sort_kernel"); !st.ok()) return st;
 
-  Status status;
-  const unsigned tiles = unsigned(max_tiles(a));
-  visit_moe_format(a.gate.type, [&](auto fmt) {
-    using W = decltype(fmt);
-    const int smem = GemmLayout<W>::kTotal;
-    if (cudaError_t e = cudaFuncSetAttribute(moe_gate_up_gemm_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess) {
-      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_gate_up_gemm_kernel)");
-      return;
-    }
-    const dim3 grid(unsigned((a.n_ff + 63) / 64), tiles);
-    moe_gate_up_gemm_kernel<W><<<grid, kGemmThreads, smem, stream>>>(a, rt, h);
-    status = launch_status("moe_gate_up_gemm_kernel");
-  });
-  if (!status.ok()) return status;
-  visit_moe_format(a.down.type, [&](auto fmt) {
-    using W = decltype(fmt);
-    const int smem = GemmLayout<W>::kTotal;
-    if (cudaError_t e = cudaFuncSetAttribute(moe_down_gemm_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess) {
-      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_down_gemm_kernel)");
-      return;
-    }
-    const dim3 grid(unsigned((a.n_embd + kTileRows - 1) / kTileRows), tiles);
-    moe_down_gemm_kernel<W><<<grid, kGemmThreads, smem, stream>>>(a, rt, h, y);
-    status = launch_status("moe_down_gemm_kernel");
-  });
+  const int version = a.gemm_version != 0 ? a.gemm_version : moe_gemm_default_version();
+  const Status status = version == 6   ? launch_tile_gemms<6>(a, rt, h, y, stream)
+                        : version == 7 ? launch_tile_gemms<7>(a, rt, h, y, stream)
+                                       : launch_tile_gemms<4>(a, rt, h, y, stream);
   if (!status.ok()) return status;
   const dim3 grid(unsigned((a.n_embd + 255) / 256), unsigned(a.n_tokens));
   moe_combine_sorted_kernel<<<grid, 256, 0, stream>>>(a, rt.pos_of_pair, y);
