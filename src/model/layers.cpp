@@ -207,13 +207,10 @@ void build_prenorm_layers(ForwardPass& p, Tensor& x, const GluParams& act, const
       const Backend::MatmulPart gate_up[] = {{&lw.ffn_gate, &lw.ffn_gate_b, &gate}, {&lw.ffn_up, &lw.ffn_up_b, &up}};
       be.rmsnorm_matmul_parts(x, lw.ffn_norm, eps, cur, gate_up);
       p.observe(cur, "ffn_norm", il);
-      // Its own buffer, not gate's: a backend may then run the glu inside the down product,
-      // which reads gate while it writes the activation.
-      Tensor act_out = p.scratch("ffn_act", n_ff, p.n_tokens);
-      be.glu(gate, up, act, act_out);
-      p.observe(act_out, "ffn_act", il);
+      be.glu(gate, up, act, gate);
+      p.observe(gate, "ffn_act", il);
       Tensor out = p.scratch("ffn_out", hp.n_embd, p.n_tokens);
-      be.matmul_add(act_out, lw.ffn_down, lw.ffn_down_b, out, x);
+      be.matmul_add(gate, lw.ffn_down, lw.ffn_down_b, out, x);
       p.observe(out, "ffn_out", il);
     } else {
       build_norm_moe(p, il, x, cur, route, act, &x);

@@ -4,8 +4,7 @@
 //   - rmsnorm_matmul_parts (q/k/v with a bias on k): the products and the normed vector;
 //   - matmul_parts over a plain x;
 //   - matmul_add: the product, and the residual holding residual + product bit for bit;
-//   - matmul (the lm_head's path);
-//   - glu followed by matmul_add (a down projection): one launch, equal to the ops apart.
+//   - matmul (the lm_head's path).
 // And one whole model: tiny256-F16 (reference data) decoded greedily with the fused ops and
 // graphs, and with the fused ops off (separate norms, products and adds): same tokens,
 // logits within 1e-5 relative L2 per step.
@@ -134,75 +133,6 @@ TEST_F(FusedHalfOps, MatmulAddAndMatmul) {
       EXPECT_TRUE(matches(y, w, as_doubles(x_host), T, &bias_host, "matmul"));
     }
   }
-}
-
-// The GLU as the CPU backend computes it (cpu/ops_basic.cpp), in double.
-double double_glu(Activation act, double g, double u, double alpha, double limit) {
-  if (act == Activation::Silu) return g / (1.0 + std::exp(-g)) * u;
-  if (act == Activation::GeluTanh)
-    return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u;
-  const double gc = std::min(g, limit), uc = std::clamp(u, -limit, limit);
-  return gc / (1.0 + std::exp(-alpha * gc)) * (uc + 1.0);
-}
-
-// glu then a product over its output with f16 / bf16 weights (a down projection with its
-// residual add): one launch that applies the GLU while staging its input. Its output, the
-// residual and the GLU's output it writes equal, bit for bit, the two ops recorded apart (a
-// no-op between them keeps them apart); the product also against a double reference of the
-// GLU and the product.
-TEST_F(FusedHalfOps, GluJoinsTheNextProduct) {
-  for (GgmlType type : {GgmlType::F16, GgmlType::BF16}) {
-    for (Activation act : {Activation::Silu, Activation::GeluTanh, Activation::SwigluOai}) {
-      for (int64_t T : {1, 3}) {
-        SCOPED_TRACE(std::string(type_name(type)) + " act " + std::to_string(int(act)) + " T " + std::to_string(T));
-        const int64_t F = 2824, N = 200;  // F: a multiple of 8, not of 256
-        GluParams p;
-        p.act = act, p.alpha = 1.702f, p.limit = 2.5f;
-        const std::vector<float> g_host = random_floats(rng_, size_t(F * T), -3.0f, 3.0f);
-        const std::vector<float> u_host = random_floats(rng_, size_t(F * T), -3.0f, 3.0f);
-        const std::vector<float> bias_host = random_floats(rng_, size_t(N), -1.0f, 1.0f);
-        const std::vector<float> residual_host = random_floats(rng_, size_t(N * T), -3.0f, 3.0f);
-        Tensor gate = floats({F, T}, g_host);
-        const Tensor up = floats({F, T}, u_host), bias = floats({N}, bias_host);
-        const HostWeight w = host_weight(type, F, N);
-
-        Tensor h = poisoned(F, T), out = poisoned(N, T), residual = floats({N, T}, residual_host);
-        const int64_t ops_before = gpu_->recorded_ops();
-        gpu_->glu(gate, up, p, h);
-        gpu_->matmul_add(h, w.t, bias, out, residual);
-        EXPECT_EQ(gpu_->recorded_ops() - ops_before, 1) << "glu and the product as one launch";
-
-        Tensor h2 = poisoned(F, T), out2 = poisoned(N, T), residual2 = floats({N, T}, residual_host);
-        gpu_->glu(gate, up, p, h2);
-        gpu_->scale(gate, 1.0f, gate);  // another op in between: the glu is recorded on its own
-        gpu_->matmul_add(h2, w.t, bias, out2, residual2);
-        EXPECT_TRUE(all_equal_bits(host(h), host(h2), "the GLU's output"));
-        EXPECT_TRUE(all_equal_bits(host(out), host(out2), "the product"));
-        EXPECT_TRUE(all_equal_bits(host(residual), host(residual2), "the residual"));
-
-        std::vector<double> glu_ref(size_t(F * T));
-        for (size_t i = 0; i < glu_ref.size(); ++i)
-          glu_ref[i] = double_glu(act, g_host[i], u_host[i], p.alpha, p.limit);
-        EXPECT_TRUE(all_close(host(h), glu_ref, 1e-6, 2e-6, "the GLU's output vs double"));  // expf, tanhf: a few ulp
-        EXPECT_TRUE(matches(out, w, glu_ref, T, &bias_host, "the product vs double"));
-      }
-    }
-  }
-}
-
-// A held glu before a product with int8 weights is recorded first and leaves its int8 copy:
-// the product equals the product over a fresh quantization of the GLU's output.
-TEST_F(FusedHalfOps, GluBeforeQuantizedWeightsRunsApart) {
-  const int64_t F = 1024, N = 96, T = 2;
-  GluParams p;
-  const Tensor gate = random({F, T}), up = random({F, T}), none;
-  const Tensor w = weight(GgmlType::Q4_0, F, N);
-  Tensor h = poisoned(F, T), y = poisoned(N, T);
-  const int64_t ops_before = gpu_->recorded_ops();
-  gpu_->glu(gate, up, p, h);
-  gpu_->matmul(h, w, none, y);
-  EXPECT_EQ(gpu_->recorded_ops() - ops_before, 2);
-  EXPECT_TRUE(all_equal_bits(host(y), apart(h, w, none), "glu -> matmul"));
 }
 
 TEST(FusedHalfModel, Tiny256F16DecodesAsTheUnfusedOps) {

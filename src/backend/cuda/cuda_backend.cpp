@@ -49,8 +49,6 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (const char* env = std::getenv("KILN_CUDA_FUSED"); env && std::string(env) == "0") options_.fused = false;
   if (const char* env = std::getenv("KILN_CUDA_MIXED_PARTS"); env && std::string(env) == "0")
     options_.mixed_parts = false;
-  if (const char* env = std::getenv("KILN_CUDA_HALF_GLU"); env && std::string(env) == "0")
-    options_.glu_into_half_products = false;
   check(cudaSetDevice(options.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuda backend: cublasCreate failed");
@@ -251,16 +249,8 @@ void CudaBackend::defer_add(const Tensor& out, Tensor& residual) {
   quantized_input_ = {};  // an int8 copy of the residual would go stale
 }
 
-void CudaBackend::flush_pending_glu() {
-  if (!pending_glu_) return;
-  const PendingGlu g = std::move(*pending_glu_);
-  pending_glu_.reset();
-  record_glu(g.gate, g.up, g.params, g.out);
-}
-
 void CudaBackend::flush_pending() {
   flush_pending_products();
-  flush_pending_glu();
   if (!pending_add_) return;
   PendingAdd p = std::move(*pending_add_);
   pending_add_.reset();

@@ -39,9 +39,6 @@ struct CudaOptions {
   // that can take rope_kv_store into its epilogue; else one launch per type. The
   // environment's KILN_CUDA_MIXED_PARTS=0 turns it off (to measure what it saves).
   bool mixed_parts = true;
-  // A decode glu followed by a product with f16 / bf16 weights over its output (the down
-  // projection) runs inside that product's launch. KILN_CUDA_HALF_GLU=0 turns it off.
-  bool glu_into_half_products = true;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -151,18 +148,7 @@ class CudaBackend final : public Backend {
   void flush_pending_products();
   // Records the held launch with `ep`; with `fused_sig`, its signature extended by that.
   void record_held_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash* fused_sig, const char* op);
-  // A decode glu is held back as well: a product over its output with f16 / bf16 weights
-  // takes the gate and up rows and applies the GLU while staging its input (writing `out`
-  // as glu() would, so nothing else changes); any other op records the glu first (matmul and
-  // record_grouped before they look for an int8 copy of x, which the glu leaves).
-  struct PendingGlu {
-    Tensor gate, up, out;
-    GluParams params;
-  };
-  std::optional<PendingGlu> pending_glu_;
-  void record_glu(const Tensor& gate, const Tensor& up, const GluParams& p, const Tensor& out);
-  void flush_pending_glu();
-  // At most one of the three is pending; this records it.
+  // At most one of the two is pending; this records it.
   void flush_pending();
   // Rope angle tables (cuda::rope_table) of the current pass, one per positions tensor and
   // rope parameters (`key`): recorded by the first decode rope of a pass, read by every

@@ -91,18 +91,6 @@ struct Sig {
 // Bytes per token of the int8 input copies (the same for every quantized weight type).
 inline size_t q8_row_bytes(int64_t cols) { return (cuda::matvec_scratch_bytes(GgmlType::Q4_0, cols) + 255) / 256 * 256; }
 
-// f32 rows {n, T} in device memory with contiguous elements (rows may be strided).
-inline bool packed_f32(const Tensor& t) {
-  return !t.empty() && t.dtype == GgmlType::F32 && t.nb[0] == sizeof(float) && t.device == Device::Cuda &&
-         t.ne[2] == 1 && t.ne[3] == 1;
-}
-
-// The kernels' name for a GLU's activation.
-inline cuda::GluKind glu_kind_of(Activation act) {
-  return act == Activation::Silu ? cuda::GluKind::Silu
-         : act == Activation::GeluTanh ? cuda::GluKind::GeluTanh : cuda::GluKind::SwigluOai;
-}
-
 // The same tensor view: data, type, shape and strides.
 inline bool same_view(const Tensor& a, const Tensor& b) {
   return a.data == b.data && a.dtype == b.dtype && std::equal(std::begin(a.ne), std::end(a.ne), std::begin(b.ne)) &&

@@ -17,7 +17,6 @@
 #include <array>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_backend_checks.h"
 #include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/rope_store.h"
@@ -26,14 +25,17 @@ namespace kiln {
 
 namespace cuda_fused {
 
-using cuda_ops::glu_kind_of;
-using cuda_ops::packed_f32;
-using cuda_ops::q8_row_bytes;
-
 constexpr int64_t kMaxTokens = 8;  // as cuda_backend_ops.cpp's kMatvecMaxTokens
+
+size_t q8_row_bytes(int64_t cols) { return (cuda::matvec_scratch_bytes(GgmlType::Q4_0, cols) + 255) / 256 * 256; }
 
 void hash_tensor(cuda::SignatureHash& h, const Tensor& x) {
   h.pod(x.dtype), h.pod(x.data), h.bytes(x.ne, sizeof(x.ne)), h.bytes(x.nb, sizeof(x.nb));
+}
+
+bool packed_f32(const Tensor& t) {
+  return !t.empty() && t.dtype == GgmlType::F32 && t.nb[0] == sizeof(float) && t.device == Device::Cuda &&
+         t.ne[2] == 1 && t.ne[3] == 1;
 }
 
 bool overlaps(const float* a, int64_t a_floats, const float* b, int64_t b_floats) {
@@ -174,32 +176,6 @@ bool any_half(const TypedLaunches& launches) {
   return half;
 }
 
-// The f16 / bf16 kernel's input for token 0 of a glu's gate and up rows (the output row, the
-// `normed` it writes, is set per token by the caller).
-cuda::F32Input glu_input(const Tensor& gate, const Tensor& up, const GluParams& p) {
-  cuda::F32Input in;
-  in.x = gate.as<float>(), in.glu_up = up.as<float>();
-  in.glu_kind = glu_kind_of(p.act), in.glu_alpha = p.alpha, in.glu_limit = p.limit;
-  return in;
-}
-
-// Whether every launch has f16 / bf16 weights and takes both x as it is and `in` (a glu's
-// rows, writing x): the first keeps record_grouped on its f32-input path, the second is the
-// launch it then makes.
-bool all_half_taking(const TypedLaunches& launches, int64_t cols, cuda::F32Input in, const Tensor& x) {
-  cuda::F32Input plain;
-  plain.x = x.as<float>();
-  in.normed = const_cast<float*>(x.as<float>());
-  for (size_t i = 0; i < launches.n; ++i) {
-    const TypedLaunch& l = launches.at[i];
-    const auto mv = l.g.view(l.g.mv);
-    if (!half_type(l.type) || !cuda::matvec_half_parts_fit(l.type, cols, l.w_row, mv, plain) ||
-        !cuda::matvec_half_parts_fit(l.type, cols, l.w_row, mv, in))
-      return false;
-  }
-  return launches.n > 0;
-}
-
 // Whether `a` is the packed f32 rows {N, T} of `b`, seen as they are or as heads
 // {head_dim, heads, T} (the view rope takes).
 bool same_rows(const Tensor& a, const Tensor& b) {
@@ -320,15 +296,6 @@ void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> pa
   float* accumulate = residual ? residual->as<float>() : nullptr;
   KILN_CHECK(!accumulate || parts.size() == 1, "cuda matmul_add: {} parts, one expected", parts.size());
   launches.at[0].g.mv[0].accumulate = accumulate;
-  // A held glu whose output is x, before f16 / bf16 weights: the launch stages glu(gate, up)
-  // as its input and writes x. Else the glu is recorded first (it may leave x's int8 copy).
-  std::optional<PendingGlu> glu;
-  if (pending_glu_ && cuda_ops::same_view(pending_glu_->out, x) &&
-      all_half_taking(launches, K, glu_input(pending_glu_->gate, pending_glu_->up, pending_glu_->params), x)) {
-    glu = std::move(*pending_glu_);
-    pending_glu_.reset();
-  }
-  if (!glu) flush_pending_glu();
   const size_t per_token = q8_row_bytes(K);
   auto* q8 = static_cast<uint8_t*>(scratch(q8_scratch_, per_token * kMaxTokens));
   const int64_t xs = int64_t(x.nb[1] / 4);
@@ -355,12 +322,6 @@ void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> pa
   h.pod(Op::Matmul), h.pod(parts.size()), h.pod(reuse), h.pod(from_f32), h.pod(accumulate);
   hash_tensor(h, x);
   hash_parts(h, parts);
-  if (glu) {
-    hash_tensor(h, glu->gate), hash_tensor(h, glu->up);
-    h.pod(glu->params.act), h.pod(glu->params.alpha), h.pod(glu->params.limit);
-  }
-  const cuda::F32Input glu_in = glu ? glu_input(glu->gate, glu->up, glu->params) : cuda::F32Input{};
-  const int64_t gs = glu ? int64_t(glu->gate.nb[1] / 4) : 0, us = glu ? int64_t(glu->up.nb[1] / 4) : 0;
   ProductsLaunch launch = [=](cudaStream_t s, const cuda::PairEpilogue& ep) {
     for (int64_t t = 0; t < T; ++t) {
       const cuda::Q8Vector xq = cuda::q8_vector_in(q8 + size_t(t) * per_token, K);
@@ -372,10 +333,6 @@ void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> pa
         const auto row = l.g.token(t);
         cuda::F32Input in;
         in.x = xp + t * xs;
-        if (glu) {  // x' = glu(gate, up), written to x
-          in = glu_in;
-          in.x += t * gs, in.glu_up += t * us, in.normed = const_cast<float*>(xp) + t * xs;
-        }
         const cuda::Status st = from_f32 ? f32_parts(l.type, K, l.w_row, l.g.view(row), in, s, token_ep)
                                          : cuda::matvec_q8_parts(l.type, K, l.w_row, l.g.view(row), xq, s, token_ep);
         if (!st.ok()) return st;

@@ -104,7 +104,6 @@ void CudaBackend::add_bias(const Tensor& bias, Tensor& out) {
 }
 
 void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out) {
-  flush_pending_glu();  // before looking for the int8 copy of x it may leave
   require_f32(x, "matmul", "x");
   require_f32(out, "matmul", "out");
   require_device(w, "matmul", "weight");
@@ -254,30 +253,9 @@ void CudaBackend::glu(const Tensor& gate, const Tensor& up, const GluParams& p, 
   require_f32(out, "glu", "out");
   same_shape(gate, up, "glu");
   same_shape(gate, out, "glu");
-  // Decode rows: held for a product with f16 / bf16 weights over `out` (record_grouped),
-  // which then reads gate and up while other blocks write out: out must overlap neither.
-  const auto span_of = [](const Tensor& t) {
-    const auto* begin = static_cast<const uint8_t*>(t.data);
-    return std::pair(begin, begin + (t.ne[1] - 1) * t.nb[1] + t.ne[0] * 4);
-  };
-  const auto apart = [&](const Tensor& a, const Tensor& b) {
-    const auto [a0, a1] = span_of(a);
-    const auto [b0, b1] = span_of(b);
-    return a1 <= b0 || b1 <= a0;
-  };
-  if (options_.fused && !options_.exact && options_.glu_into_half_products && gate.ne[1] <= kMatvecMaxTokens &&
-      packed_f32(gate) && packed_f32(up) && packed_f32(out) && apart(out, gate) && apart(out, up)) {
-    flush_pending();
-    pending_glu_ = PendingGlu{gate, up, out, p};
-    quantized_input_ = {};
-    return;
-  }
-  record_glu(gate, up, p, out);
-}
-
-void CudaBackend::record_glu(const Tensor& gate, const Tensor& up, const GluParams& p, const Tensor& out) {
   cuda::GluArgs a;
-  a.kind = glu_kind_of(p.act);
+  a.kind = p.act == Activation::Silu ? cuda::GluKind::Silu
+           : p.act == Activation::GeluTanh ? cuda::GluKind::GeluTanh : cuda::GluKind::SwigluOai;
   a.gate = gate.as<float>(), a.gate_stride = stride_of(gate, "glu", "gate");
   a.up = up.as<float>(), a.up_stride = stride_of(up, "glu", "up");
   a.rows = gate.rows(), a.n = gate.ne[0];

@@ -10,16 +10,14 @@
 //     consecutive bytes.
 //   - The warp's first chunk is requested before wait_for_previous_kernels(): no kernel of
 //     the step writes weights, so they stream in while the kernel before drains.
-//   - x (RMS-normalized, or taken through a GLU, when asked) is staged once per block into
-//     shared memory as f32, in an order that gives each lane its 8 values in two
-//     conflict-free 16-byte reads.
+//   - x (RMS-normalized when asked) is staged once per block into shared memory as f32, in
+//     an order that gives each lane its 8 values in two conflict-free 16-byte reads.
 // Sums: two f32 accumulators per lane, then a warp reduction.
 //
 // Measured and not kept (docs/perf-notes.md, "F16 decode through a grouped kernel"): an L2
 // bulk prefetch of each warp's next weights before the wait (tg128 -4%), and blocks of 8
 // warps taking (row, chunk) items of a contiguous row range (1.3-2x slower launches).
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/glu_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/matvec_segments.cuh"
@@ -138,37 +136,6 @@ __device__ void stage_input(const F32Input& in, int cols, float* x_s) {
   }
 }
 
-// x = glu(in.x, in.glu_up) into shared memory in x_slot order, as glu() computes it; block
-// s % grid writes step s of it to in.normed. Two float4 of each input per thread in flight:
-// four (as stage_input) make the kernel spill at its 64 registers.
-__device__ void stage_glu_input(const F32Input& in, int cols, float* x_s) {
-  constexpr int kBatch = 2;
-  const int tid = threadIdx.x;
-  for (int base = 0; base < cols; base += kStageStep * kBatch) {
-    float4 g[kBatch], u[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = base + b * kStageStep + tid * 4;
-      const bool in_range = i < cols;
-      g[b] = in_range ? *reinterpret_cast<const float4*>(in.x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      u[b] = in_range ? *reinterpret_cast<const float4*>(in.glu_up + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = base + b * kStageStep + tid * 4;
-      if (i >= cols) break;
-      float4 v;
-      v.x = glu_of(in.glu_kind, g[b].x, u[b].x, in.glu_alpha, in.glu_limit);
-      v.y = glu_of(in.glu_kind, g[b].y, u[b].y, in.glu_alpha, in.glu_limit);
-      v.z = glu_of(in.glu_kind, g[b].z, u[b].z, in.glu_alpha, in.glu_limit);
-      v.w = glu_of(in.glu_kind, g[b].w, u[b].w, in.glu_alpha, in.glu_limit);
-      *reinterpret_cast<float4*>(x_s + x_slot(i)) = v;
-      if (in.normed && (i / kStageStep) % int(gridDim.x) == int(blockIdx.x))
-        *reinterpret_cast<float4*>(in.normed + i) = v;
-    }
-  }
-}
-
 template <typename Weights>
 __global__ void __launch_bounds__(kHalfThreads, 2)
     matvec_half_kernel(GroupedSegments seg, int64_t w_row_bytes, int rows, int cols, F32Input in) {
@@ -193,10 +160,7 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
   if (first_row < rows) load_chunk(first_row, 0);
   wait_for_previous_kernels();
   allow_next_kernel();
-  if (in.glu_up)
-    stage_glu_input(in, cols, x_s);
-  else
-    stage_input(in, cols, x_s);
+  stage_input(in, cols, x_s);
   __syncthreads();
 
   const float4* x4 = reinterpret_cast<const float4*>(x_s);
@@ -276,8 +240,7 @@ bool matvec_half_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std
   if (w_row_bytes % 16 != 0 || w_row_bytes < 2 * cols) return false;
   if (!in.x || !detail::aligned16(in.x)) return false;
   if (in.norm_weight && !detail::aligned16(in.norm_weight)) return false;
-  if (in.glu_up && (in.norm_weight || !detail::aligned16(in.glu_up))) return false;
-  if (in.normed && ((!in.norm_weight && !in.glu_up) || !detail::aligned16(in.normed))) return false;
+  if (in.normed && (!in.norm_weight || !detail::aligned16(in.normed))) return false;
   int64_t total = 0;
   for (const MatvecPart& p : parts) {
     if (p.rows <= 0 || !p.y || !p.w || !detail::aligned16(p.w)) return false;

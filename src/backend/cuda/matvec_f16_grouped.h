@@ -2,8 +2,8 @@
 // The grouped decode matvec for 16-bit float weights, f16 and bf16 (matvec_f16_grouped.cu):
 // the parts of matvec_grouped.h -- up to kMaxMatvecParts matrices over one x stacked by rows
 // in one launch, each with an optional bias (`add`) and residual (`accumulate`) -- with x
-// in f32 as an F32Input, RMS-normalized inside every block when norm_weight is set, or taken
-// through a GLU with glu_up (the resulting vector then written once to `normed`). Weights are multiplied as they are,
+// in f32 as an F32Input, RMS-normalized inside every block when norm_weight is set (the
+// normalized vector then written once to `normed`). Weights are multiplied as they are,
 // in f32 with f32 sums: no int8 activations.
 //
 // x (normalized) lives in each block's shared memory as f32, 4 bytes per column, so at
@@ -19,13 +19,11 @@ constexpr int64_t kMaxHalfMatvecCols = 16384;
 // What the kernel takes: f16 or bf16 weights; 1..kMaxMatvecParts parts, each with rows > 0
 // and y set, together fewer than 2^30 rows; cols a positive multiple of 8 and at most
 // kMaxHalfMatvecCols; every weight matrix 16-byte aligned with w_row_bytes a multiple of 16
-// and >= 2 * cols; x, norm_weight, glu_up and normed 16-byte aligned, normed only with
-// norm_weight or glu_up, not both of those.
+// and >= 2 * cols; x, norm_weight and normed 16-byte aligned, normed only with norm_weight.
 // No output (y, accumulate, normed) may overlap x: other blocks may still be reading it.
 bool matvec_half_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                            const F32Input& in);
-// y_i = W_i x' + add_i (and accumulate_i += y_i) for every part, x' = x, its RMS norm or
-// glu(x, glu_up).
+// y_i = W_i x' + add_i (and accumulate_i += y_i) for every part, x' = x or its RMS norm.
 // Refuses (Status::invalid, naming the limits) what matvec_half_parts_fit refuses.
 Status matvec_half_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                          const F32Input& in, cudaStream_t stream);

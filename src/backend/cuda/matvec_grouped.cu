@@ -122,7 +122,7 @@ Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::sp
 
 bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                           const F32Input& in) {
-  if (!in.x || cols > kMaxF32InputCols || !detail::aligned16(in.x) || in.glu_up) return false;
+  if (!in.x || cols > kMaxF32InputCols || !detail::aligned16(in.x)) return false;
   if (in.norm_weight && !detail::aligned16(in.norm_weight)) return false;
   if (in.normed && (!in.norm_weight || !detail::aligned16(in.normed))) return false;
   return parts_weights_fit(type, cols, w_row_bytes, parts);

@@ -5,7 +5,6 @@
 #include <span>
 
 #include "backend/cuda/matvec.h"
-#include "backend/cuda/ops.h"
 #include "backend/cuda/ops_extra.h"
 
 namespace kiln::cuda {
@@ -63,13 +62,7 @@ struct F32Input {
   const float* x = nullptr;            // [cols]
   const float* norm_weight = nullptr;  // [cols] or null: no normalization
   float eps = 0.0f;
-  float* normed = nullptr;             // [cols] or null; only with norm_weight or glu_up; must not alias x
-  // f16 / bf16 weights only (matvec_half_parts): with glu_up set, x is a GLU's gate and the
-  // products take glu(x, glu_up) as glu() computes it (written to `normed` too when set; no
-  // norm_weight then; neither x nor glu_up may overlap normed).
-  const float* glu_up = nullptr;       // [cols] or null
-  GluKind glu_kind = GluKind::Silu;
-  float glu_alpha = 1.702f, glu_limit = 7.0f;
+  float* normed = nullptr;             // [cols] or null; only with norm_weight; must not alias x
 };
 constexpr int64_t kMaxF32InputCols = 8192;
 bool matvec_parts_f32_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
