@@ -20,6 +20,7 @@
 
 #include "backend/cuda/moe.h"
 #include "cuda_test_support.h"
+#include "moe_glu_reference.h"
 #include "quant/quant.h"
 
 namespace kiln::cuda::testing {
@@ -31,23 +32,6 @@ struct GemmCase {
   bool oai;  // biases and the clamped SwiGLU (gpt-oss)
 };
 
-double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
-
-double glu(bool oai, double g, double u) {
-  if (!oai) return g * sigmoid(g) * u;
-  const double gc = std::min(g, 7.0), uc = std::clamp(u, -7.0, 7.0);
-  return gc * sigmoid(1.702 * gc) * (uc + 1.0);
-}
-
-// |dglu/dg|, |dglu/du| (for the clamped form, at the clamped values).
-std::pair<double, double> glu_slopes(bool oai, double g, double u) {
-  if (!oai) {
-    const double s = sigmoid(g);
-    return {std::fabs(u * (s + g * s * (1 - s))), std::fabs(g * s)};
-  }
-  const double gc = std::min(g, 7.0), uc = std::clamp(u, -7.0, 7.0), s = sigmoid(1.702 * gc);
-  return {std::fabs((s + 1.702 * gc * s * (1 - s)) * (uc + 1.0)), std::fabs(gc * s)};
-}
 
 struct Weights {
   std::vector<uint8_t> bytes;
@@ -118,8 +102,8 @@ void check_case(const GemmCase& c, std::mt19937_64& rng) {
           g += gr[d] * xd, u += ur[d] * xd, ag += std::fabs(gr[d] * xd), au += std::fabs(ur[d] * xd);
         }
         if (c.oai) g += gate_b[size_t(e * F + f)], u += up_b[size_t(e * F + f)];
-        h[size_t(f)] = glu(c.oai, g, u);
-        const auto [sg, su] = glu_slopes(c.oai, g, u);
+        h[size_t(f)] = moe_glu_reference(c.oai, g, u);
+        const auto [sg, su] = moe_glu_slopes(c.oai, g, u);
         dh[size_t(f)] = sg * r8 * ag + su * r8 * au + r9 * std::fabs(h[size_t(f)]);
       }
       for (int64_t d = 0; d < D; ++d) {

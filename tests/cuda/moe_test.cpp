@@ -24,12 +24,15 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_support.h"
+#include "moe_glu_reference.h"
 #include "quant/quant.h"
 
 namespace kiln::testing {
 namespace {
 
 using cuda::testing::all_close;
+using cuda::testing::moe_glu_reference;
+using cuda::testing::moe_glu_slopes;
 using cuda::testing::random_floats;
 using cuda::testing::random_rows;
 
@@ -76,24 +79,6 @@ std::vector<float> dequantized(GgmlType type, const std::vector<uint8_t>& bytes,
   return f;
 }
 
-double sigmoid(double v) { return 1.0 / (1.0 + std::exp(-v)); }
-
-double glu_ref(bool oai, double g, double u) {
-  if (!oai) return g * sigmoid(g) * u;
-  const double gc = std::min(g, 7.0), uc = std::clamp(u, -7.0, 7.0);
-  return gc * sigmoid(1.702 * gc) * (uc + 1.0);
-}
-
-// |dglu/dg| and |dglu/du| at (g, u); for the clamped SwiGLU, taken as if the clamps were
-// not there (at the clamped values): an upper bound on how far a small change can move it.
-std::pair<double, double> glu_slopes(bool oai, double g, double u) {
-  if (!oai) {
-    const double s = sigmoid(g);
-    return {std::fabs(u * (s + g * s * (1 - s))), std::fabs(g * s)};
-  }
-  const double gc = std::min(g, 7.0), uc = std::clamp(u, -7.0, 7.0), s = sigmoid(1.702 * gc);
-  return {std::fabs((s + 1.702 * gc * s * (1 - s)) * (uc + 1.0)), std::fabs(gc * s)};
-}
 
 // Half a step of int8 block quantization, per element of a row of n, for blocks of up to
 // 256 (the GPU quantizes blocks of 32; the CPU backend's q8_K takes 256: the larger bound).
@@ -150,8 +135,8 @@ Problem make_problem(std::mt19937_64& rng, const MoeCase& c, int64_t T) {
           du += std::fabs(double(ur[d])) * (r8 * std::fabs(xt[size_t(d)]) + xq[size_t(d)]);
         }
         if (c.gpt_oss) g += p.gate_b[size_t(e * F + f)], u += p.up_b[size_t(e * F + f)];
-        h[size_t(f)] = glu_ref(c.gpt_oss, g, u);
-        const auto [sg, su] = glu_slopes(c.gpt_oss, g, u);
+        h[size_t(f)] = moe_glu_reference(c.gpt_oss, g, u);
+        const auto [sg, su] = moe_glu_slopes(c.gpt_oss, g, u);
         dh[size_t(f)] = sg * dg + su * du;
       }
       const std::vector<double> hq = int8_step(h.data(), F);
