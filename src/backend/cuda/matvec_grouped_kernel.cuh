@@ -314,9 +314,10 @@ __device__ __forceinline__ void rope_store_pair(const PairEpilogue& ep, int part
 }
 
 // kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kStages: 2, or 1 for launches
-// where every warp has at most one item (launch_grouped picks it: then a warp's whole share
-// of the weights is in flight before the wait, and the smaller stages and fewer registers let
-// 3 blocks share a multiprocessor instead of 2). kFromF32: x arrives as f32
+// where every warp has at most one item (launch_grouped picks it, see kOneStageMaxCols: then
+// a warp's whole share of the weights is in flight before the wait, and the smaller stages
+// and at most 80 registers -- the launch bound's minimum of 3 blocks; 0 sets none -- let 3
+// blocks share a multiprocessor instead of 2). kFromF32: x arrives as f32
 // (`in`) and is quantized here; otherwise as quantize_q8's int8 copy (xqs, xds). FmtB != Fmt:
 // the parts `second` names are in FmtB. Each row of a task (the two rows may differ in
 // format) has kLanesPerRow groups of the larger format's size in the stage, and its lanes
@@ -408,7 +409,8 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
     const int group = chunk * kLanesPerRow + li;
     const int row = first_row_of(task) + slot;
     if (group < groups && row < rows) {
-      const uint8_t* stage = my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kLanesPerRow * kG;  // this row's
+      const uint8_t* stage =  // this row's groups
+          my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kLanesPerRow * kG;
       const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
       const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
       if (kTwoFormats && second.has(seg.part_of(row)))
