@@ -294,8 +294,9 @@ TEST(CudaDecodeAttention, ClusterMergeWideAndNarrowHeadGroups) {
   run_case(single, 46);
 }
 
-// The short-span plan: ranges of 32 keys, 2 heads per block, merged by the second kernel,
-// which reads only the ranges that hold keys; with sinks and a window too.
+// The short-span plan (plan_decode_attention's with the wide regime switched off): ranges
+// of 32 keys, 2 heads per block, merged by the second kernel, which reads only the ranges
+// that hold keys; with sinks and a window too.
 TEST(CudaDecodeAttention, SecondKernelMergesShortRanges) {
   KILN_REQUIRE_GPU();
   AttnCase c{128, 32, 8, GgmlType::F16, {0, 40, 255, 130}};

@@ -84,9 +84,10 @@ bool decode_attention_clusters_available() {
 //    blocks of 512 threads (wide), which write the output and its int8 copy themselves: no
 //    merge, no second kernel;
 //  - short spans: at most 2 query heads per block and ranges of 32 keys (one step of the key
-//    loop), merged by combine_kernel, when that takes at most kShortPlanSplits ranges.
-//    Measured at contexts 1..128: smaller blocks and one key step won, and a cluster merge of
-//    4 ranges cost 1.8 us per layer more than the second kernel;
+//    loop), merged by combine_kernel, when that takes at most kShortPlanSplits ranges (spans
+//    of at most 256 keys: so only with the wide regime switched off or narrowed). Measured at
+//    contexts 1..128 before the wide regime: smaller blocks and one key step won, and a
+//    cluster merge of 4 ranges cost 1.8 us per layer more than the second kernel;
 //  - up to kMaxClusterSplits ranges of at most kMaxClusterKeys keys (sm_90): merged in a
 //    cluster. Over contexts 1..1024 this beat the second kernel, whose serial loop over the
 //    ranges grows with their number;
@@ -99,23 +100,25 @@ DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& a) {
   static const int wide_span = env_int("KILN_CUDA_ATTN_WIDE_SPAN", 256);
   static const int wide_heads = std::clamp(env_int("KILN_CUDA_ATTN_WIDE_HEADS", 1), 1, kMaxWideHeads);
   DecodeAttentionPlan plan;
-  if (valid_shape(a) && key_span(a) <= wide_span) {
+  const int64_t span = valid_shape(a) ? key_span(a) : 0;  // invalid: decode_attention() refuses the arguments
+  if (span > 0 && span <= wide_span) {
     plan.heads_per_block = heads_per_block(a, wide_heads);
     plan.n_splits = 1;
-    plan.keys_per_split = int(round_up_32(key_span(a)));
+    plan.keys_per_split = int(round_up_32(span));
     plan.wide = true;
-  } else if (valid_shape(a)) {  // else decode_attention() refuses the arguments
-    const int64_t span = key_span(a);
-    const int narrow = heads_per_block(a, 2), wide = heads_per_block(a, 8);
-    const int64_t short_ranges = ranges_wanted(a, narrow), wide_ranges = ranges_wanted(a, wide);
-    plan = ranges_of(narrow, span, (span + short_ranges - 1) / short_ranges, 32);
+  } else if (span > 0) {
+    // Query heads per block: few for the short plan, as many as a group has for the others.
+    const int few = heads_per_block(a, 2), many = heads_per_block(a, 8);
+    const int64_t short_ranges = ranges_wanted(a, few), many_ranges = ranges_wanted(a, many);
+    plan = ranges_of(few, span, (span + short_ranges - 1) / short_ranges, 32);
     if (plan.n_splits > kShortPlanSplits) {
-      const int64_t in_cluster = std::min<int64_t>(wide_ranges, kMaxClusterSplits);
-      plan = ranges_of(wide, span, (span + in_cluster - 1) / in_cluster, 32);
+      const int64_t in_cluster = std::min<int64_t>(many_ranges, kMaxClusterSplits);
+      plan = ranges_of(many, span, (span + in_cluster - 1) / in_cluster, 32);
       plan.cluster = decode_attention_clusters_available() && plan.keys_per_split <= detail::kMaxClusterKeys &&
                      plan.n_splits <= kMaxClusterSplits;
       if (!plan.cluster)
-        plan = ranges_of(wide, span, std::min<int64_t>((span + wide_ranges - 1) / wide_ranges, detail::kMaxSplitKeys), 64);
+        plan = ranges_of(many, span, std::min<int64_t>((span + many_ranges - 1) / many_ranges, detail::kMaxSplitKeys),
+                         64);
     }
   }
   plan.prefetch = prefetch;

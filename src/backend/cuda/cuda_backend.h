@@ -169,10 +169,12 @@ class CudaBackend final : public Backend {
   struct PrefillLanes;
   std::shared_ptr<PrefillLanes> prefill_lanes_;
   void add_bias(const Tensor& bias, Tensor& out);
-  // MoE (cuda_backend_moe.cpp): every expert on every token, for expert types the routed
-  // kernels refuse (gate and up of different types).
+  // MoE (cuda_backend_moe.cpp): the routed experts' launches; with `residual`, true where the
+  // residual add went into them (else the caller adds).
   bool record_moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
                       const GluParams& act, Tensor& out, Tensor* residual);
+  // Every expert on every token, for expert types the routed kernels refuse (gate and up of
+  // different types).
   void moe_ffn_all_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
                            const GluParams& act, Tensor& out);
 

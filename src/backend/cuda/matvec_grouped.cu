@@ -113,7 +113,7 @@ Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::sp
                            " columns do not fit the grouped kernel (q4_0 / q8_0 / q4_K / q6_K, 16-byte aligned, "
                            "at most " +
                            std::to_string(kMaxMatvecParts) + " parts)");
-  if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
+  if (!detail::pair_epilogue_launchable(cols, parts, ep))
     return Status::invalid("matvec_q8_parts: the pair epilogue does not fit");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
@@ -135,7 +135,7 @@ Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::s
                             " columns with f32 x do not fit the grouped kernel (q4_0 / q8_0 / q4_K / q6_K, "
                            "16-byte aligned, "
                            "at most " + std::to_string(kMaxF32InputCols) + " columns)");
-  if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
+  if (!detail::pair_epilogue_launchable(cols, parts, ep))
     return Status::invalid("matvec_f32_parts: the pair epilogue does not fit");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);

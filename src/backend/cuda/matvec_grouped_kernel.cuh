@@ -513,6 +513,12 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   return launch_status("matvec_grouped_kernel");
 }
 
+// What every launch entry point checks of its pair epilogue: the shapes (matvec_pairs_fit)
+// and, for the rotation, the angle table it reads.
+inline bool pair_epilogue_launchable(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep) {
+  return matvec_pairs_fit(cols, parts, ep) && (ep.kind != PairEpilogueKind::RopeStore || ep.angles);
+}
+
 // Rows of at most 16 groups take two rows per task (16 lanes each), wider ones one; the pair
 // epilogues need the former (matvec_pairs_fit).
 constexpr int kMaxPairGroups = 16;

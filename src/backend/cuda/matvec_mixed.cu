@@ -41,16 +41,13 @@ bool mixed_launch(std::span<const PartFormat> formats, MixedLaunch* launch) {
   return has_first && has_second;
 }
 
-}  // namespace
-
-bool matvec_mixed_formats(std::span<const PartFormat> formats) { return mixed_launch(formats, nullptr); }
-
-bool matvec_mixed_f32_fit(int64_t cols, std::span<const MatvecPart> parts, std::span<const PartFormat> formats,
-                          const F32Input& in) {
-  if (parts.size() != formats.size() || !matvec_mixed_formats(formats)) return false;
+// Whether the parts, of formats a mixed launch takes, fit it: each part as a launch of its
+// own type would take it (weights, widths, input), and the two-format stages fit.
+bool mixed_parts_fit(int64_t cols, std::span<const MatvecPart> parts, std::span<const PartFormat> formats,
+                     const F32Input& in) {
+  if (parts.size() != formats.size()) return false;
   int64_t total = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
-    // Each part as a launch of its own type would take it (weights, widths, input).
     if (!matvec_parts_f32_fit(formats[i].type, cols, formats[i].w_row_bytes, parts.subspan(i, 1), in)) return false;
     total += parts[i].rows;
   }
@@ -58,15 +55,24 @@ bool matvec_mixed_f32_fit(int64_t cols, std::span<const MatvecPart> parts, std::
          detail::grouped_smem_bytes<detail::GroupQ4_K, detail::GroupQ6_K>(cols) <= 200 * 1024;
 }
 
+}  // namespace
+
+bool matvec_mixed_formats(std::span<const PartFormat> formats) { return mixed_launch(formats, nullptr); }
+
+bool matvec_mixed_f32_fit(int64_t cols, std::span<const MatvecPart> parts, std::span<const PartFormat> formats,
+                          const F32Input& in) {
+  return matvec_mixed_formats(formats) && mixed_parts_fit(cols, parts, formats, in);
+}
+
 Status matvec_mixed_f32_parts(int64_t cols, std::span<const MatvecPart> parts, std::span<const PartFormat> formats,
                               const F32Input& in, cudaStream_t stream, const PairEpilogue& ep) {
   MixedLaunch l;
-  if (!matvec_mixed_f32_fit(cols, parts, formats, in) || !mixed_launch(formats, &l))
+  if (!mixed_launch(formats, &l) || !mixed_parts_fit(cols, parts, formats, in))
     return Status::invalid("matvec_mixed_f32_parts: " + std::to_string(parts.size()) + " parts of " +
                            std::to_string(cols) +
                            " columns do not fit the two-format grouped kernel (q4_K parts with q6_K ones, one "
                            "row stride per type, each part fitting the grouped kernel)");
-  if (!matvec_pairs_fit(cols, parts, ep) || (ep.kind == PairEpilogueKind::RopeStore && !ep.angles))
+  if (!detail::pair_epilogue_launchable(cols, parts, ep))
     return Status::invalid("matvec_mixed_f32_parts: the pair epilogue does not fit");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
