@@ -20,10 +20,11 @@ using namespace kiln::cuda::testing;
 TEST(CudaRmsNorm, PlainAndWithResidual) {
   KILN_REQUIRE_GPU();
   std::mt19937_64 rng(11);
-  // 5 rows with odd strides: the general kernels; 12 rows with 16-byte aligned strides and
-  // widths a multiple of 1024: the prefill kernel that keeps a row in registers.
-  for (int64_t dim : {1, 7, 64, 1024, 4096, 4097, 8192})
-  for (int64_t rows : {int64_t(5), int64_t(12)})
+  // 5 rows with odd strides: the general kernels; 12 and 101 rows with 16-byte aligned
+  // strides: widths a multiple of 1024 take the prefill kernel that keeps a row in registers,
+  // widths of 128..512 a warp per row (8 rows per block; 101 leaves a partial block).
+  for (int64_t dim : {1, 7, 64, 128, 256, 384, 512, 1024, 4096, 4097, 8192})
+  for (int64_t rows : {int64_t(5), int64_t(12), int64_t(101)})
     for (bool residual : {false, true})
       for (bool weighted : {false, true}) {
         SCOPED_TRACE("dim " + std::to_string(dim) + " rows " + std::to_string(rows) + (residual ? " residual" : "") +

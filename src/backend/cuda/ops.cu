@@ -1,6 +1,7 @@
 // Small fused ops (see ops.h): one block per row or token, simple and exact-minded.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numbers>
 #include <string>
 
@@ -107,13 +108,76 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_rows_vec_kernel(RmsNormAr
   }
 }
 
+// Short rows (head norms: dim 128 or 256, one row per head and token, often 16K rows in a
+// prefill pass) one warp each, 8 rows per block: with a block per row, a 128-wide row left
+// half of a 256-thread block idle and the pass was thousands of tiny blocks (25 us for the q
+// norm of a 512-token Qwen3 prefill, ~2 us of bytes). Each lane holds kSteps float4 of its
+// row (dim = kSteps * 128), so a row is read once; the sum of squares is a warp sum.
+constexpr int kWarpRowsPerBlock = kRowThreads / kWarpSize;
+constexpr int kMaxWarpRowSteps = 4;  // rows of up to 512 values
+template <int kSteps>
+__global__ void __launch_bounds__(kRowThreads) rmsnorm_warp_rows_kernel(RmsNormArgs a) {
+  begin_chained_kernel();
+  const int64_t r = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / kWarpSize;
+  if (r >= a.rows) return;  // whole warps: nothing below synchronizes the block
+  const int lane = int(threadIdx.x % kWarpSize);
+  const float4* x = reinterpret_cast<const float4*>(a.x + r * a.x_stride);
+  float4* h = a.residual ? reinterpret_cast<float4*>(a.residual + r * a.residual_stride) : nullptr;
+  float4 v[kSteps];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int i = s * kWarpSize + lane;
+    v[s] = x[i];
+    if (h) {
+      const float4 hv = h[i];
+      v[s] = make_float4(hv.x + v[s].x, hv.y + v[s].y, hv.z + v[s].z, hv.w + v[s].w);
+      h[i] = v[s];
+    }
+    sum_sq = fmaf(v[s].x, v[s].x, sum_sq);
+    sum_sq = fmaf(v[s].y, v[s].y, sum_sq);
+    sum_sq = fmaf(v[s].z, v[s].z, sum_sq);
+    sum_sq = fmaf(v[s].w, v[s].w, sum_sq);
+  }
+  const float inv = rsqrtf(warp_sum(sum_sq) / float(a.dim) + a.eps);
+  float4* y = reinterpret_cast<float4*>(a.y + r * a.y_stride);
+  const float4* w = reinterpret_cast<const float4*>(a.weight);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int i = s * kWarpSize + lane;
+    float4 out = make_float4(__fmul_rn(v[s].x, inv), __fmul_rn(v[s].y, inv), __fmul_rn(v[s].z, inv),
+                             __fmul_rn(v[s].w, inv));
+    if (w) {
+      const float4 wv = w[i];
+      out = make_float4(__fmul_rn(out.x, wv.x), __fmul_rn(out.y, wv.y), __fmul_rn(out.z, wv.z), __fmul_rn(out.w, wv.w));
+    }
+    y[i] = out;
+  }
+}
+
+// Whether the 16-byte loads of the row kernels can read and write these rows: aligned bases
+// and strides, no int8 copy.
+bool rows_vectorizable(const RmsNormArgs& a) {
+  if (a.q8) return false;
+  if (a.x_stride % 4 || a.y_stride % 4 || (a.residual && a.residual_stride % 4)) return false;
+  return aligned16(a.x) && aligned16(a.y) && (!a.residual || aligned16(a.residual)) &&
+         (!a.weight || aligned16(a.weight));
+}
+
+// The warp kernel's steps for these arguments, or 0 when it does not apply (or when
+// KILN_CUDA_NORM_WARP_ROWS=0, read once, for measuring).
+int rmsnorm_warp_steps(const RmsNormArgs& a) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("KILN_CUDA_NORM_WARP_ROWS");
+    return !(v && std::string(v) == "0");
+  }();
+  if (!enabled || a.dim % (kWarpSize * 4) != 0 || a.dim > kMaxWarpRowSteps * kWarpSize * 4 || !rows_vectorizable(a)) return 0;
+  return int(a.dim / (kWarpSize * 4));
+}
+
 // The vector kernel's steps for these arguments, or 0 when it does not apply.
 int rmsnorm_vec_steps(const RmsNormArgs& a) {
-  if (a.q8 || a.rows <= 8 || a.dim % (kRowThreads * 4) != 0 || a.dim > 8 * kRowThreads * 4) return 0;
-  if (a.x_stride % 4 || a.y_stride % 4 || (a.residual && a.residual_stride % 4)) return 0;
-  if (!aligned16(a.x) || !aligned16(a.y) || (a.residual && !aligned16(a.residual)) ||
-      (a.weight && !aligned16(a.weight)))
-    return 0;
+  if (a.rows <= 8 || a.dim % (kRowThreads * 4) != 0 || a.dim > 8 * kRowThreads * 4 || !rows_vectorizable(a)) return 0;
   return int(a.dim / (kRowThreads * 4));
 }
 
@@ -250,6 +314,15 @@ Status rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   if (a.q8 && (a.dim % 32 != 0 || reinterpret_cast<uintptr_t>(a.q8) % 16 != 0 || a.q8_row_bytes % 16 != 0))
     return Status::invalid("rmsnorm: the int8 copy needs dim % 32 == 0 (dim " + std::to_string(a.dim) +
                            ") and 16-byte aligned rows");
+  if (const int warp_steps = detail::rmsnorm_warp_steps(a); warp_steps > 0) {
+    const unsigned blocks = unsigned((a.rows + detail::kWarpRowsPerBlock - 1) / detail::kWarpRowsPerBlock);
+    const unsigned threads = detail::kRowThreads;
+    if (warp_steps == 1) launch_chained(detail::rmsnorm_warp_rows_kernel<1>, blocks, threads, 0, stream, a);
+    if (warp_steps == 2) launch_chained(detail::rmsnorm_warp_rows_kernel<2>, blocks, threads, 0, stream, a);
+    if (warp_steps == 3) launch_chained(detail::rmsnorm_warp_rows_kernel<3>, blocks, threads, 0, stream, a);
+    if (warp_steps == 4) launch_chained(detail::rmsnorm_warp_rows_kernel<4>, blocks, threads, 0, stream, a);
+    return launch_status("rmsnorm_warp_rows_kernel");
+  }
   const int steps = detail::rmsnorm_vec_steps(a);
   if (steps == 1 || steps == 2 || steps == 4 || steps == 8) {  // else the general kernels
     const unsigned rows = unsigned(a.rows), threads = detail::kRowThreads;
