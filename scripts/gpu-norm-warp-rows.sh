@@ -1,8 +1,9 @@
 #!/bin/bash
-# The warp-per-row rmsnorm (head norms) on one GPU: its parity tests and the whole of
-# test_cuda, then a Qwen3-30B-A3B Q4_K_M prefill with KILN_CUDA_NORM_WARP_ROWS=0 / default in
-# turn (pp512 and the prefill op profile's norm lines). Carry .devicedeps and
-# .device-testdata; logs under $OUT.
+# Prefill's small ops on one GPU: the warp-per-row rmsnorm (head norms) and the MoE prefill
+# combine taking the residual add. The whole of test_cuda, the MoE and architecture tests
+# again with tile engine v7 (KILN_CUDA_MOE_PREFILL_V=7, the candidate default), then a
+# Qwen3-30B-A3B Q4_K_M prefill with KILN_CUDA_NORM_WARP_ROWS=0 / default in turn (pp512 and
+# the prefill op profiles). Carry .devicedeps and .device-testdata; logs under $OUT.
 set -u -o pipefail
 OUT=${OUT:-/tmp/kiln-gpu-out}
 SRC=${KILN_SRC:-.}
@@ -15,6 +16,10 @@ timeout 300 cmake --build "$B" --target test_cuda kiln -j16 > "$OUT/build.log" 2
 KILN_TESTDATA=${KILN_TESTDATA:-$PWD/.device-testdata} timeout 150 "$B/tests/test_cuda" > "$OUT/test_cuda.log" 2>&1
 echo "test_cuda exit $?"
 grep -E "^\[  +(FAILED|PASSED|SKIPPED) +\] [0-9]|FAILED" "$OUT/test_cuda.log" | head -20
+KILN_CUDA_MOE_PREFILL_V=7 KILN_TESTDATA=${KILN_TESTDATA:-$PWD/.device-testdata} timeout 100 "$B/tests/test_cuda" \
+  --gtest_filter='*Moe*:*moe*:*Arch*' > "$OUT/test_cuda_v7.log" 2>&1
+echo "MoE + arch tests with tile engine v7: exit $?"
+grep -E "^\[  +(FAILED|PASSED|SKIPPED) +\] [0-9]|FAILED" "$OUT/test_cuda_v7.log" | head -10
 K=$B/src/kiln
 timeout 100 "$K" synth --preset qwen3-30b-a3b --type q4_k_m --fast -o /tmp/moe.gguf > /dev/null 2>&1 || exit 1
 for arm in 0 1 0 1; do

@@ -151,6 +151,22 @@ void check_case(const GemmCase& c, std::mt19937_64& rng) {
     const std::vector<float> got = to_host<float>(d_out, size_t(T * D));
     EXPECT_TRUE(all_close(got, ref, tol, "v" + std::to_string(version) + " " + what));
   }
+  // With a residual (rows of another stride): out as before, and residual + out added in f32,
+  // bit for bit what a separate add would leave.
+  const int64_t rs = D + 4;
+  const std::vector<float> residual = random_floats(rng, size_t(T * rs), -3.0f, 3.0f);
+  const DeviceBuffer d_residual = to_device(residual);
+  a.residual = d_residual.as<float>(), a.residual_stride = rs;
+  a.gemm_version = 0;
+  d_out.poison();
+  KILN_STATUS_OK(moe_ffn_gemm(a, scratch.as(), scratch.bytes(), nullptr));
+  const std::vector<float> got = to_host<float>(d_out, size_t(T * D));
+  EXPECT_TRUE(all_close(got, ref, tol, "default version with a residual, " + what));
+  const std::vector<float> got_residual = to_host<float>(d_residual, size_t(T * rs));
+  std::vector<float> want_residual = residual;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < D; ++d) want_residual[size_t(t * rs + d)] += got[size_t(t * D + d)];
+  EXPECT_TRUE(all_equal_bits(got_residual, want_residual, "residual += out, " + what));
 }
 
 TEST(CudaMoeGemm, TileEnginesMatchDoubleReference) {

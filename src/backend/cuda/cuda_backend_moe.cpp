@@ -152,7 +152,7 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
   // f32 experts (test models) keep f32 products at every batch size, as the dense f32 path does.
   const bool f32_experts = ex.gate.dtype == GgmlType::F32 || ex.down.dtype == GgmlType::F32;
   const bool grouped = !exact && !f32_experts && T > kMoeMatvecMaxTokens && cuda::moe_gemm_fits(a);
-  const bool fold = residual && !grouped && residual->dtype == GgmlType::F32 && residual->device == Device::Cuda &&
+  const bool fold = residual && residual->dtype == GgmlType::F32 && residual->device == Device::Cuda &&
                     residual->ne[0] == n_embd && residual->rows() == T && residual->data != x.data &&
                     residual->data != out.data;
   if (fold) a.residual = residual->as<float>(), a.residual_stride = moe_row_stride(*residual, "residual");

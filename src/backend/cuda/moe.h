@@ -55,7 +55,7 @@ struct MoeFfnArgs {
   int64_t weights_stride = 0;
   float* out = nullptr;  // [n_tokens][n_embd], row stride out_stride; must not alias x
   int64_t out_stride = 0;
-  // moe_ffn_matvec only: residual[t] += out[t] as well (the residual stream), or null.
+  // residual[t] += out[t] as well (the residual stream), or null.
   float* residual = nullptr;
   int64_t residual_stride = 0;
   GluKind act = GluKind::Silu;

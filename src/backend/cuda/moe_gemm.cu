@@ -15,7 +15,8 @@
 //      epilogue applies the GLU and stores h (bf16) at the pairs' sorted positions.
 //   3. down: one launch over (row tiles of n_embd, tiles), K = n_ff, h as the bf16 operand;
 //      stores y (f32, bias added) at the sorted positions.
-//   4. combine: out[t] = sum_j weights[t][j] * y[pos(t, j)], slots in order.
+//   4. combine: out[t] = sum_j weights[t][j] * y[pos(t, j)], slots in order (and
+//      residual[t] += out[t] when a residual is given).
 // Steps 2 and 3 run one of the tile engines of moe_gemm_tile.cuh (MoeFfnArgs::gemm_version);
 // the description above is v4's, the default.
 #include <cstdlib>
@@ -217,6 +218,7 @@ __global__ void __launch_bounds__(256) moe_combine_sorted_kernel(MoeFfnArgs a, c
     sum = fmaf(a.weights[t * a.weights_stride + j], v, sum);
   }
   a.out[t * a.out_stride + i] = sum;
+  if (a.residual) a.residual[t * a.residual_stride + i] += sum;  // the residual stream's add, folded in
 }
 
 // ---- host side -------------------------------------------------------------------------------
@@ -309,7 +311,6 @@ size_t moe_gemm_scratch_bytes(const MoeFfnArgs& a) { return detail::plan_gemm_sc
 
 Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   using namespace detail;
-  if (a.residual) return Status::invalid("moe_ffn grouped GEMM: no residual add (moe_ffn_matvec takes one)");
   if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 6 && a.gemm_version != 7)
     return Status::invalid("moe_ffn grouped GEMM: tile engine version " + std::to_string(a.gemm_version) +
                            " does not exist (0 = default, 4, 6 or 7)");
