@@ -61,7 +61,7 @@ struct MoeFfnArgs {
   GluKind act = GluKind::Silu;
   float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
   // moe_ffn_gemm only: the tile engine, 4, 6 or 7 (moe_gemm_tile.cuh); 0 takes the default,
-  // v4 unless the environment says KILN_CUDA_MOE_PREFILL_V=6 or 7 (read once).
+  // v7 unless the environment says KILN_CUDA_MOE_PREFILL_V=4 or 6 (read once).
   int gemm_version = 0;
 };
 

@@ -285,15 +285,14 @@ Status launch_tile_gemms(const MoeFfnArgs& a, const Routing& rt, Bf16* h, float*
   return status;
 }
 
-// Tile engine v4 unless KILN_CUDA_MOE_PREFILL_V=6 or 7 (read once). v6 is faster where the
-// routing is even (most tiles hold up to 32 tokens), v4 where many tiles are full, as in the
-// synthetic models the end-to-end benchmarks use; v7 beat v4 on both in the kernel bench but
-// has no end-to-end figure yet (docs/perf-notes-moe.md, round 8).
+// Tile engine v7 unless KILN_CUDA_MOE_PREFILL_V=4 or 6 (read once). v7 beat v4 in the kernel
+// bench on even and on concentrated routing and end to end (Qwen3-30B-A3B Q4_K_M pp512 +1.3%,
+// docs/perf-notes-moe.md, round 9); v4 and v6 stay selectable for A/B.
 int moe_gemm_default_version() {
   static const int version = [] {
     const char* env = std::getenv("KILN_CUDA_MOE_PREFILL_V");
     const std::string v = env ? env : "";
-    return v == "6" ? 6 : v == "7" ? 7 : 4;
+    return v == "4" ? 4 : v == "6" ? 6 : 7;
   }();
   return version;
 }
