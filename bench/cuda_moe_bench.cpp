@@ -3,7 +3,7 @@
 // 8 used), random weights and random routing. Decode (indexed matvecs): the median of
 // graph replays of 20 calls, each call with its own routing so that the experts it reads
 // are mostly not in L2. Prefill (grouped GEMMs): the median of single calls, with tile
-// engine v4, v6 and v7.
+// engine v4, v6, v7 and v8.
 // Prints time, the bytes of the experts the call must read at least once / that time, and
 // TFLOP/s of the routed work.
 //
@@ -153,7 +153,7 @@ void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
     const size_t need = moe_gemm_scratch_bytes(a);
     void* scratch = nullptr;
     check(cudaMalloc(&scratch, need), "scratch");
-    for (const int version : {4, 6, 7}) {  // the tile engines of moe_gemm_tile.cuh, in turn
+    for (const int version : {4, 6, 7, 8}) {  // the tile engines (moe_gemm_tile.cuh, moe_gemm_v8.cuh), in turn
       a.gemm_version = version;
       for (int i = 0; i < 3; ++i) check(moe_ffn_gemm(a, scratch, need, s), "moe_ffn_gemm");
       std::vector<float> ms;

@@ -1,9 +1,12 @@
 // The grouped MoE GEMMs (moe.h's moe_ffn_gemm) with each tile engine (v4, v6 and v7,
-// moe_gemm_tile.cuh), called directly, against a double-precision reference written here.
+// moe_gemm_tile.cuh; v8, moe_gemm_v8.cuh, which takes q4_K and q6_K and hands other types to
+// v7), called directly, against a double-precision reference written here.
 // The routing is skewed on purpose (expert e is picked with weight (e + 1)^3), so that one
 // call has experts with no tokens, tiles of every fill from 1 to 64 tokens and experts that
-// span two or more tiles: v6 and v7 skip the 8-token n-tiles past a tile's count, and a wrong
-// skip shows as a wrong or unwritten (NaN) output. Skips without a GPU.
+// span two or more tiles: v6, v7 and v8 skip the 8-token n-tiles past a tile's count, and a
+// wrong skip shows as a wrong or unwritten (NaN) output. v8 decodes to the same weight values
+// as the others (bf16 of the format's f32 value), so the bound below holds for it unchanged.
+// Skips without a GPU.
 //
 // Bound, per output element (bf16 operands, f32 accumulation, h stored as bf16; first order,
 // doubled):
@@ -144,7 +147,7 @@ void check_case(const GemmCase& c, std::mt19937_64& rng) {
   ASSERT_TRUE(moe_gemm_fits(a)) << what;
   const DeviceBuffer scratch(moe_gemm_scratch_bytes(a));
   ASSERT_TRUE(scratch.ok());
-  for (const int version : {4, 6, 7}) {
+  for (const int version : {4, 6, 7, 8}) {
     a.gemm_version = version;
     d_out.poison();
     KILN_STATUS_OK(moe_ffn_gemm(a, scratch.as(), scratch.bytes(), nullptr));
@@ -175,6 +178,10 @@ TEST(CudaMoeGemm, TileEnginesMatchDoubleReference) {
   const std::vector<GemmCase> cases = {
       {GgmlType::Q4_K, GgmlType::Q6_K, 256, 512, 16, 2, 300, false},
       {GgmlType::Q4_K, GgmlType::Q4_K, 512, 256, 12, 4, 97, false},
+      // v8 on q6_K gate/up (210-byte blocks: every misalignment head), and on q4_K gate/up
+      // with a partial block of rows (n_ff 160 of 256) next to a q8_0 down that v7 runs.
+      {GgmlType::Q6_K, GgmlType::Q6_K, 256, 256, 8, 2, 130, false},
+      {GgmlType::Q4_K, GgmlType::Q8_0, 256, 160, 8, 2, 100, false},
       {GgmlType::Q8_0, GgmlType::Q8_0, 96, 160, 16, 2, 300, false},
       {GgmlType::Q4_0, GgmlType::Q4_0, 64, 96, 8, 3, 130, false},
       {GgmlType::MXFP4, GgmlType::MXFP4, 64, 96, 16, 4, 200, true},

@@ -60,8 +60,9 @@ struct MoeFfnArgs {
   int64_t residual_stride = 0;
   GluKind act = GluKind::Silu;
   float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
-  // moe_ffn_gemm only: the tile engine, 4, 6 or 7 (moe_gemm_tile.cuh); 0 takes the default,
-  // v7 unless the environment says KILN_CUDA_MOE_PREFILL_V=4 or 6 (read once).
+  // moe_ffn_gemm only: the tile engine, 4, 6, 7 (moe_gemm_tile.cuh) or 8 (moe_gemm_v8.cuh;
+  // q4_K and q6_K, v7 for other types); 0 takes the default, v8 unless the environment says
+  // KILN_CUDA_MOE_PREFILL_V=4, 6 or 7 (read once).
   int gemm_version = 0;
 };
 

@@ -17,13 +17,15 @@
 //      stores y (f32, bias added) at the sorted positions.
 //   4. combine: out[t] = sum_j weights[t][j] * y[pos(t, j)], slots in order (and
 //      residual[t] += out[t] when a residual is given).
-// Steps 2 and 3 run one of the tile engines of moe_gemm_tile.cuh (MoeFfnArgs::gemm_version);
-// the description above is v4's, the default.
+// Steps 2 and 3 run one of the tile engines of moe_gemm_tile.cuh (v4, v6, v7) or
+// moe_gemm_v8.cuh (v8: q4_K and q6_K weights, 256 rows per block, activations as bf16 copied
+// with the weights; x is rounded to bf16 by one small launch first); MoeFfnArgs::gemm_version
+// picks one. The description above is v4's.
 #include <cstdlib>
 #include <string>
 
 #include "backend/cuda/moe.h"
-#include "backend/cuda/moe_gemm_tile.cuh"
+#include "backend/cuda/moe_gemm_v8.cuh"
 
 namespace kiln::cuda {
 namespace detail {
@@ -206,6 +208,74 @@ __global__ void __launch_bounds__(kGemmThreads, kGemmBlocksPerSm) moe_down_gemm_
   }
 }
 
+// ---- tile engine v8 (moe_gemm_v8.cuh): q4_K and q6_K weights ------------------------------
+
+// xb[t][i] = bf16(x[t][i]): gate/up's activations, rounded once per token (v7 rounds them in
+// every tile that uses the token); grid (ceil(n_embd / 256), tokens).
+__global__ void __launch_bounds__(256) moe_x_to_bf16_kernel(MoeFfnArgs a, Bf16* xb) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
+  if (i < a.n_embd) xb[t * a.n_embd + i] = __float2bfloat16_rn(a.x[t * a.x_stride + i]);
+}
+
+// Rows x*128 .. of gate (tile rows 0..127) and up (128..255) of the tile's expert, tokens from xb.
+template <typename W, int kStages>
+__global__ void __launch_bounds__(kV8Threads, 1) moe_gate_up_v8_kernel(MoeFfnArgs a, Routing rt, const Bf16* xb, Bf16* h) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ const uint8_t* rows[kV8Rows];
+  __shared__ const Bf16* act[kTileTokens];
+  if (int(blockIdx.y) >= *rt.n_tiles) return;
+  const MoeTile tile = rt.tiles[blockIdx.y];
+  constexpr int kHalf = kV8Rows / 2;
+  const int64_t row0 = int64_t(blockIdx.x) * kHalf;
+  const int tid = threadIdx.x;
+  if (tid < kV8Rows) {
+    const int64_t row = row0 + tid % kHalf;
+    rows[tid] = row < a.n_ff ? matrix_row(tid < kHalf ? a.gate : a.up, tile.expert, row) : nullptr;
+  } else if (tid - kV8Rows < kTileTokens) {
+    const int n = tid - kV8Rows;
+    act[n] = n < tile.count ? xb + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.n_embd : nullptr;
+  }
+  __syncthreads();
+  const float* c = gemm_tile_v8<W, kStages>(smem, rows, act, a.n_embd, tile.count);
+  for (int idx = tid; idx < kTileTokens * kHalf; idx += kV8Threads) {
+    const int n = idx / kHalf, r = idx % kHalf;
+    const int64_t row = row0 + r;
+    if (n >= tile.count || row >= a.n_ff) continue;
+    float g = c[n * kV8LdC + r], u = c[n * kV8LdC + r + kHalf];
+    if (a.gate.bias) g += a.gate.bias[int64_t(tile.expert) * a.gate.bias_stride + row];
+    if (a.up.bias) u += a.up.bias[int64_t(tile.expert) * a.up.bias_stride + row];
+    h[int64_t(tile.start + n) * a.n_ff + row] = __float2bfloat16_rn(glu_of(a.act, g, u, a.alpha, a.limit));
+  }
+}
+
+// Rows x*256 .. of down of the tile's expert; y (f32, bias added) at the sorted positions.
+template <typename W, int kStages>
+__global__ void __launch_bounds__(kV8Threads, 1) moe_down_v8_kernel(MoeFfnArgs a, Routing rt, const Bf16* h, float* y) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ const uint8_t* rows[kV8Rows];
+  __shared__ const Bf16* act[kTileTokens];
+  if (int(blockIdx.y) >= *rt.n_tiles) return;
+  const MoeTile tile = rt.tiles[blockIdx.y];
+  const int64_t row0 = int64_t(blockIdx.x) * kV8Rows;
+  const int tid = threadIdx.x;
+  if (tid < kV8Rows) {
+    rows[tid] = row0 + tid < a.n_embd ? matrix_row(a.down, tile.expert, row0 + tid) : nullptr;
+  } else if (tid - kV8Rows < kTileTokens) {
+    const int n = tid - kV8Rows;
+    act[n] = n < tile.count ? h + int64_t(tile.start + n) * a.n_ff : nullptr;
+  }
+  __syncthreads();
+  const float* c = gemm_tile_v8<W, kStages>(smem, rows, act, a.n_ff, tile.count);
+  for (int idx = tid; idx < kTileTokens * kV8Rows; idx += kV8Threads) {
+    const int n = idx / kV8Rows, r = idx % kV8Rows;
+    const int64_t row = row0 + r;
+    if (n >= tile.count || row >= a.n_embd) continue;
+    float v = c[n * kV8LdC + r];
+    if (a.down.bias) v += a.down.bias[int64_t(tile.expert) * a.down.bias_stride + row];
+    y[int64_t(tile.start + n) * a.n_embd + row] = v;
+  }
+}
+
 // out[t][i] = sum_j weights[t][j] * y[pos(t, j)][i]; grid (ceil(n_embd / 256), tokens).
 __global__ void __launch_bounds__(256) moe_combine_sorted_kernel(MoeFfnArgs a, const int32_t* pos_of_pair,
                                                                  const float* y) {
@@ -229,7 +299,7 @@ size_t gemm_align(size_t v) { return (v + kGemmAlign - 1) / kGemmAlign * kGemmAl
 int64_t max_tiles(const MoeFfnArgs& a) { return (a.n_tokens * a.n_used + kTileTokens - 1) / kTileTokens + a.n_expert; }
 
 struct GemmScratch {
-  size_t n_tiles = 0, tiles = 0, sorted = 0, pos = 0, h = 0, y = 0, total = 0;
+  size_t n_tiles = 0, tiles = 0, sorted = 0, pos = 0, xb = 0, h = 0, y = 0, total = 0;
 };
 
 GemmScratch plan_gemm_scratch(const MoeFfnArgs& a) {
@@ -245,54 +315,140 @@ GemmScratch plan_gemm_scratch(const MoeFfnArgs& a) {
   s.tiles = take(size_t(max_tiles(a)) * sizeof(MoeTile));
   s.sorted = take(P * sizeof(int32_t));
   s.pos = take(P * sizeof(int32_t));
+  s.xb = take(size_t(a.n_tokens * a.n_embd) * sizeof(Bf16));  // v8's bf16 copy of x
   s.h = take(P * size_t(a.n_ff) * sizeof(Bf16));
   s.y = take(P * size_t(a.n_embd) * sizeof(float));
   s.total = at;
   return s;
 }
 
-// gate/up (+GLU) and down with tile engine V.
+// Sets the kernel's dynamic shared memory and launches it.
+template <typename Kernel, typename... Args>
+Status launch_gemm(Kernel kernel, const char* name, dim3 grid, int threads, int smem, cudaStream_t stream,
+                   Args... args) {
+  if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); e != cudaSuccess)
+    return Status::from_cuda(e, std::string("cudaFuncSetAttribute(") + name + ")");
+  kernel<<<grid, threads, smem, stream>>>(args...);
+  return launch_status(name);
+}
+
+// gate/up (+GLU) with tile engine V (4, 6 or 7).
 template <int V>
-Status launch_tile_gemms(const MoeFfnArgs& a, const Routing& rt, Bf16* h, float* y, cudaStream_t stream) {
+Status launch_gate_up(const MoeFfnArgs& a, const Routing& rt, Bf16* h, cudaStream_t stream) {
   Status status;
-  const unsigned tiles = unsigned(max_tiles(a));
   visit_moe_format(a.gate.type, [&](auto fmt) {
     using W = decltype(fmt);
-    const int smem = TileSmem<W, V>::kBytes;
-    if (cudaError_t e = cudaFuncSetAttribute(moe_gate_up_gemm_kernel<W, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             smem);
-        e != cudaSuccess) {
-      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_gate_up_gemm_kernel)");
-      return;
-    }
-    const dim3 grid(unsigned((a.n_ff + 63) / 64), tiles);
-    moe_gate_up_gemm_kernel<W, V><<<grid, kGemmThreads, smem, stream>>>(a, rt, h);
-    status = launch_status("moe_gate_up_gemm_kernel");
-  });
-  if (!status.ok()) return status;
-  visit_moe_format(a.down.type, [&](auto fmt) {
-    using W = decltype(fmt);
-    const int smem = TileSmem<W, V>::kBytes;
-    if (cudaError_t e = cudaFuncSetAttribute(moe_down_gemm_kernel<W, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        e != cudaSuccess) {
-      status = Status::from_cuda(e, "cudaFuncSetAttribute(moe_down_gemm_kernel)");
-      return;
-    }
-    const dim3 grid(unsigned((a.n_embd + kTileRows - 1) / kTileRows), tiles);
-    moe_down_gemm_kernel<W, V><<<grid, kGemmThreads, smem, stream>>>(a, rt, h, y);
-    status = launch_status("moe_down_gemm_kernel");
+    const dim3 grid(unsigned((a.n_ff + 63) / 64), unsigned(max_tiles(a)));
+    status = launch_gemm(moe_gate_up_gemm_kernel<W, V>, "moe_gate_up_gemm_kernel", grid, kGemmThreads,
+                         TileSmem<W, V>::kBytes, stream, a, rt, h);
   });
   return status;
 }
 
-// Tile engine v7 unless KILN_CUDA_MOE_PREFILL_V=4 or 6 (read once). v7 beat v4 in the kernel
-// bench on even and on concentrated routing and end to end (Qwen3-30B-A3B Q4_K_M pp512 +1.3%,
-// docs/perf-notes-moe.md, round 9); v4 and v6 stay selectable for A/B.
+// down with tile engine V (4, 6 or 7).
+template <int V>
+Status launch_down(const MoeFfnArgs& a, const Routing& rt, const Bf16* h, float* y, cudaStream_t stream) {
+  Status status;
+  visit_moe_format(a.down.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    const dim3 grid(unsigned((a.n_embd + kTileRows - 1) / kTileRows), unsigned(max_tiles(a)));
+    status = launch_gemm(moe_down_gemm_kernel<W, V>, "moe_down_gemm_kernel", grid, kGemmThreads,
+                         TileSmem<W, V>::kBytes, stream, a, rt, h, y);
+  });
+  return status;
+}
+
+// Whether tile engine v8 takes matrix m over K columns: q6_K, or q4_K whose rows are all
+// 16-byte aligned (v8 stages q4_K super-blocks without a misalignment head).
+bool v8_takes(const ExpertMatrix& m, int64_t K) {
+  if (K % kV8Chunk != 0) return false;
+  if (m.type == GgmlType::Q6_K) return true;
+  return m.type == GgmlType::Q4_K && reinterpret_cast<uintptr_t>(m.data) % 16 == 0 && m.row_bytes % 16 == 0 &&
+         m.expert_bytes % 16 == 0;
+}
+
+// v8's pipeline depth: two stages, or three where they fit in shared memory (q4_K, not
+// q6_K) when KILN_CUDA_MOE_V8_STAGES=3 (read once).
+template <typename W>
+constexpr bool kV8ThreeStagesFit = V8Layout<W, 3>::kTotal <= 227 * 1024 - 4096;
+
+bool v8_three_stages() {
+  static const bool three = [] {
+    const char* env = std::getenv("KILN_CUDA_MOE_V8_STAGES");
+    return env && std::string(env) == "3";
+  }();
+  return three;
+}
+
+Status launch_gate_up_v8(const MoeFfnArgs& a, const Routing& rt, Bf16* xb, Bf16* h, cudaStream_t stream) {
+  moe_x_to_bf16_kernel<<<dim3(unsigned((a.n_embd + 255) / 256), unsigned(a.n_tokens)), 256, 0, stream>>>(a, xb);
+  if (Status st = launch_status("moe_x_to_bf16_kernel"); !st.ok()) return st;
+  Status status = Status::invalid("moe_ffn grouped GEMM v8: gate/up type " + std::string(type_name(a.gate.type)));
+  visit_moe_format(a.gate.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    if constexpr (V8Weights<W>::kTaken) {
+      const dim3 grid(unsigned((a.n_ff + kV8Rows / 2 - 1) / (kV8Rows / 2)), unsigned(max_tiles(a)));
+      if constexpr (kV8ThreeStagesFit<W>) {
+        if (v8_three_stages()) {
+          status = launch_gemm(moe_gate_up_v8_kernel<W, 3>, "moe_gate_up_v8_kernel", grid, kV8Threads,
+                               V8Layout<W, 3>::kTotal, stream, a, rt, static_cast<const Bf16*>(xb), h);
+          return;
+        }
+      }
+      status = launch_gemm(moe_gate_up_v8_kernel<W, 2>, "moe_gate_up_v8_kernel", grid, kV8Threads,
+                           V8Layout<W, 2>::kTotal, stream, a, rt, static_cast<const Bf16*>(xb), h);
+    }
+  });
+  return status;
+}
+
+Status launch_down_v8(const MoeFfnArgs& a, const Routing& rt, const Bf16* h, float* y, cudaStream_t stream) {
+  Status status = Status::invalid("moe_ffn grouped GEMM v8: down type " + std::string(type_name(a.down.type)));
+  visit_moe_format(a.down.type, [&](auto fmt) {
+    using W = decltype(fmt);
+    if constexpr (V8Weights<W>::kTaken) {
+      const dim3 grid(unsigned((a.n_embd + kV8Rows - 1) / kV8Rows), unsigned(max_tiles(a)));
+      if constexpr (kV8ThreeStagesFit<W>) {
+        if (v8_three_stages()) {
+          status = launch_gemm(moe_down_v8_kernel<W, 3>, "moe_down_v8_kernel", grid, kV8Threads,
+                               V8Layout<W, 3>::kTotal, stream, a, rt, h, y);
+          return;
+        }
+      }
+      status = launch_gemm(moe_down_v8_kernel<W, 2>, "moe_down_v8_kernel", grid, kV8Threads, V8Layout<W, 2>::kTotal,
+                           stream, a, rt, h, y);
+    }
+  });
+  return status;
+}
+
+// gate/up (+GLU) and down with tile engine `version`; v8 runs the products whose weights it
+// takes (v8_takes) and v7 the others.
+Status launch_tile_gemms(int version, const MoeFfnArgs& a, const Routing& rt, Bf16* xb, Bf16* h, float* y,
+                         cudaStream_t stream) {
+  Status status;
+  if (version == 8 && v8_takes(a.gate, a.n_embd) && v8_takes(a.up, a.n_embd))
+    status = launch_gate_up_v8(a, rt, xb, h, stream);
+  else
+    status = version == 4 ? launch_gate_up<4>(a, rt, h, stream)
+             : version == 6 ? launch_gate_up<6>(a, rt, h, stream)
+                            : launch_gate_up<7>(a, rt, h, stream);
+  if (!status.ok()) return status;
+  if (version == 8 && v8_takes(a.down, a.n_ff)) return launch_down_v8(a, rt, h, y, stream);
+  return version == 4 ? launch_down<4>(a, rt, h, y, stream)
+         : version == 6 ? launch_down<6>(a, rt, h, y, stream)
+                        : launch_down<7>(a, rt, h, y, stream);
+}
+
+// Tile engine v8 (v7 for the weight types v8 does not take) unless KILN_CUDA_MOE_PREFILL_V=4,
+// 6 or 7 (read once). v8 beat v7 in the kernel bench by 38-50% and end to end (Qwen3-30B-A3B
+// Q4_K_M pp512 +37%, moe_ffn 559 -> 359 us per layer; docs/perf-notes-moe.md, round 9);
+// v4, v6 and v7 stay selectable for A/B.
 int moe_gemm_default_version() {
   static const int version = [] {
     const char* env = std::getenv("KILN_CUDA_MOE_PREFILL_V");
     const std::string v = env ? env : "";
-    return v == "4" ? 4 : v == "6" ? 6 : 7;
+    return v == "4" ? 4 : v == "6" ? 6 : v == "7" ? 7 : 8;
   }();
   return version;
 }
@@ -310,9 +466,9 @@ size_t moe_gemm_scratch_bytes(const MoeFfnArgs& a) { return detail::plan_gemm_sc
 
 Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   using namespace detail;
-  if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 6 && a.gemm_version != 7)
+  if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 6 && a.gemm_version != 7 && a.gemm_version != 8)
     return Status::invalid("moe_ffn grouped GEMM: tile engine version " + std::to_string(a.gemm_version) +
-                           " does not exist (0 = default, 4, 6 or 7)");
+                           " does not exist (0 = default, 4, 6, 7 or 8)");
   if (!moe_gemm_fits(a))
     return Status::invalid("moe_ffn grouped GEMM: n_embd " + std::to_string(a.n_embd) + " and n_ff " +
                            std::to_string(a.n_ff) + " must be multiples of 32, gate and up of one supported type (" +
@@ -325,6 +481,7 @@ Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cu
   auto* base = static_cast<uint8_t*>(scratch);
   Routing rt{reinterpret_cast<int32_t*>(base + s.n_tiles), reinterpret_cast<MoeTile*>(base + s.tiles),
              reinterpret_cast<int32_t*>(base + s.sorted), reinterpret_cast<int32_t*>(base + s.pos)};
+  auto* xb = reinterpret_cast<Bf16*>(base + s.xb);
   auto* h = reinterpret_cast<Bf16*>(base + s.h);
   auto* y = reinterpret_cast<float*>(base + s.y);
 
@@ -332,10 +489,7 @@ Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cu
   if (Status st = launch_status("moe_sort_kernel"); !st.ok()) return st;
 
   const int version = a.gemm_version != 0 ? a.gemm_version : moe_gemm_default_version();
-  const Status status = version == 6   ? launch_tile_gemms<6>(a, rt, h, y, stream)
-                        : version == 7 ? launch_tile_gemms<7>(a, rt, h, y, stream)
-                                       : launch_tile_gemms<4>(a, rt, h, y, stream);
-  if (!status.ok()) return status;
+  if (Status st = launch_tile_gemms(version, a, rt, xb, h, y, stream); !st.ok()) return st;
   const dim3 grid(unsigned((a.n_embd + 255) / 256), unsigned(a.n_tokens));
   moe_combine_sorted_kernel<<<grid, 256, 0, stream>>>(a, rt.pos_of_pair, y);
   return launch_status("moe_combine_sorted_kernel");
