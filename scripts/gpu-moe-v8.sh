@@ -1,8 +1,8 @@
 #!/bin/bash
 # MoE prefill tile engine v8 (the default) on one GPU, most important first: build; the
 # grouped-GEMM parity tests (every engine, every type pair) with v8's two and three stages;
-# the MoE and architecture tests; the kernel bench (q4_K, q4_K + q6_K; q4_K again with three
-# stages); a Qwen3-30B-A3B Q4_K_M prefill with v7, v8 and v8 with three stages alternating
+# the MoE and architecture tests; the kernel bench (q4_K, q4_K + q6_K; q4_K again with two
+# stages); a Qwen3-30B-A3B Q4_K_M prefill with v7, v8 and v8 with two stages alternating
 # (pp512); last, Nsight Compute on v8's two kernels under concentrated routing. Carry
 # .devicedeps and .device-testdata; logs under $OUT.
 set -u -o pipefail
@@ -26,8 +26,8 @@ done
 KILN_TESTDATA=$TESTDATA timeout 100 "$B/tests/test_cuda" --gtest_filter='*Moe*:*moe*:*Arch*' > "$OUT/arch_tests.log" 2>&1
 echo "MoE + arch tests (default engine): exit $?"; summary "$OUT/arch_tests.log"
 timeout 60 "$B/bench/bench_cuda_moe_bench" q4_K q4_K q4_K q6_K 2>&1 | grep prefill | sed -E 's/ +TFLOP.*//'
-KILN_CUDA_MOE_V8_STAGES=3 timeout 60 "$B/bench/bench_cuda_moe_bench" q4_K q4_K 2>&1 | grep "prefill v8" \
-  | sed -E 's/ +TFLOP.*/ (3 stages)/'
+KILN_CUDA_MOE_V8_STAGES=2 timeout 60 "$B/bench/bench_cuda_moe_bench" q4_K q4_K 2>&1 | grep "prefill v8" \
+  | sed -E 's/ +TFLOP.*/ (2 stages)/'
 K=$B/src/kiln
 timeout 100 "$K" synth --preset qwen3-30b-a3b --type q4_k_m --fast -o /tmp/moe.gguf > /dev/null 2>&1 || exit 1
 for arm in 7:2 8:2 8:3 7:2 8:2 8:3; do

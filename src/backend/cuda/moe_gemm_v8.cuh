@@ -13,8 +13,9 @@
 // v8, per block of kV8Rows = 256 weight rows and up to 64 tokens (16 warps of 16 rows x all
 // tokens, v6's mma.sync fragment mapping):
 //   - one pipeline stage is a chunk of 256 columns: one super-block of each row's raw bytes
-//     and the tile's 64 activation rows as bf16, both copied with cp.async, two stages, one
-//     block-wide barrier per chunk (8 MMA steps) instead of one per step;
+//     and the tile's 64 activation rows as bf16, both copied with cp.async, three stages for
+//     q4_K and two for q6_K (shared memory), one block-wide barrier per chunk (8 MMA steps)
+//     instead of one per step;
 //   - the activations are bf16 before the GEMM (h already is; x is rounded once per token by
 //     a small launch), so no thread converts or stores them inside the K loop;
 //   - a lane works out its rows' scales once per chunk (q4_K: the 4 lanes of a quad each take
