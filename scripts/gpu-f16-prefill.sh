@@ -2,7 +2,8 @@
 # F16 / Q4_0 prefill on one GPU: joined q/k/v and gate/up products (KILN_CUDA_PREFILL_JOIN)
 # and the glu writing the down product's half input (KILN_CUDA_PREFILL_GLU_HALF). The whole
 # of test_cuda, then llama3-8b F16 pp512 with both off / both on in turn, the prefill op
-# profiles (per op name: count and us per layer), and Q4_0 pp512 off / on. Carry
+# profiles (per op name: count and us per layer), and Q4_0 pp512 off / on. TEST_FILTER
+# narrows the tests, QUICK=1 stops after the F16 arms. Carry
 # .devicedeps and .device-testdata; logs under $OUT.
 set -u -o pipefail
 OUT=${OUT:-/tmp/kiln-gpu-out}
@@ -32,6 +33,7 @@ for arm in old new old new; do
   if [ $arm = old ]; then bench f16 $OLD; else bench f16 KILN_CUDA_PREFILL_JOIN=1; fi
 done
 echo "(${SECONDS}s)"
+[ "${QUICK:-0}" = 1 ] && exit 0  # QUICK=1: the tests and the F16 arms only
 profile() {  # name, env...
   local name=$1; shift
   env "$@" KILN_CUDA_OP_TIMING=2 timeout 60 "$K" bench -m /tmp/f16.gguf -p 512 -n 0 -r 1 --device cuda > "$OUT/ops-$name.log" 2>&1
