@@ -3,7 +3,7 @@
 # and the glu writing the down product's half input (KILN_CUDA_PREFILL_GLU_HALF). The whole
 # of test_cuda, then llama3-8b F16 pp512 with both off / both on in turn, the prefill op
 # profiles (one late layer), and Q4_0 pp512 off / on. TEST_FILTER
-# narrows the tests, QUICK=1 stops after the F16 arms. Carry
+# narrows the tests, TESTS_ONLY=1 stops after them, QUICK=1 after the F16 arms. Carry
 # .devicedeps and .device-testdata; logs under $OUT.
 set -u -o pipefail
 OUT=${OUT:-/tmp/kiln-gpu-out}
@@ -22,6 +22,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "test_cuda exit $? (${SECONDS}s)"
   grep -E "^\[  +(FAILED|PASSED|SKIPPED) +\] [0-9]|FAILED|joined vs separate" "$OUT/test_cuda.log" | head -30
 fi
+[ "${TESTS_ONLY:-0}" = 1 ] && exit 0
 K=$B/src/kiln
 bench() {  # type, env...
   local m=/tmp/$1.gguf; shift
