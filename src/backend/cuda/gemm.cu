@@ -91,7 +91,8 @@ Status gemm(const GemmArgs& a, cublasHandle_t blas, void* scratch, size_t scratc
     return Status::invalid("gemm: w, x (or x_half), y and the cuBLAS handle must be set");
   if (a.x_half && (a.type == GgmlType::F32 || reinterpret_cast<uintptr_t>(a.x_half) % kAlign != 0))
     return Status::invalid("gemm: a rounded x_half needs half or quantized weights and 256-byte alignment");
-  if ((!a.x_half && a.x_stride < a.k) || a.y_stride < a.n || a.w_row_bytes < a.k / tr.block_size * int64_t(tr.type_size))
+  if ((!a.x_half && a.x_stride < a.k) || a.y_stride < a.n ||
+      a.w_row_bytes < a.k / tr.block_size * int64_t(tr.type_size))
     return Status::invalid("gemm: a row stride is shorter than its row");
   if (!is_quantized(a.type) && a.w_row_bytes % tr.type_size != 0)
     return Status::invalid("gemm: the weight row stride must be a whole number of elements");

@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(256) glu_half_kernel(GluHalfArgs a) {
       *reinterpret_cast<uint2*>(o + i / 2) = *reinterpret_cast<const uint2*>(two);
     } else {
       auto* row = reinterpret_cast<decltype(H::one(0.0f))*>(static_cast<uint8_t*>(a.out) + size_t(r * a.n) * 2);
-      for (int64_t k = i; k < i + 4 && k < a.n; ++k) row[k] = H::one(detail::glu_of(kKind, g[k], u[k], a.alpha, a.limit));
+      for (int64_t k = i; k < i + 4 && k < a.n; ++k)
+        row[k] = H::one(detail::glu_of(kKind, g[k], u[k], a.alpha, a.limit));
     }
   }
 }
