@@ -40,6 +40,13 @@ std::optional<std::string> Backend::supports(Op op, std::span<const GgmlType>) c
   return fmt::format("backend {} does not implement {}", name(), op_name(op));
 }
 
+std::vector<Tensor> Backend::weights_side_by_side(std::span<const gguf::TensorInfo* const> infos) {
+  std::vector<Tensor> out;
+  out.reserve(infos.size());
+  for (const gguf::TensorInfo* info : infos) out.push_back(weight(*info));
+  return out;
+}
+
 uint64_t Backend::download_async(const Tensor& src, size_t bytes) {
   KILN_CHECK(bytes <= kMaxAsyncDownloadBytes, "download_async: {} bytes of {} (at most {})", bytes, src.name,
              kMaxAsyncDownloadBytes);

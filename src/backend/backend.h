@@ -172,6 +172,10 @@ class Backend {
   virtual std::unique_ptr<Buffer> allocate(size_t bytes) = 0;
   // A model weight on this device. CPU: a view into the mapped file, no copy.
   virtual Tensor weight(const gguf::TensorInfo& info) = 0;
+  // Weights that one input is multiplied with (a layer's q/k/v, gate/up), in one allocation
+  // one after the other where the backend can, so that a product over all of them can read
+  // them as one matrix (see prefers_joined_parts). The default loads each with weight().
+  virtual std::vector<Tensor> weights_side_by_side(std::span<const gguf::TensorInfo* const> infos);
   // A weight derived at load time from host data (e.g. a repacked or adjusted tensor); the
   // backend keeps it for its lifetime.
   virtual Tensor owned_weight(const Tensor& host_source, std::string_view name) = 0;
@@ -211,6 +215,11 @@ class Backend {
   // norm inside the products' kernel (CUDA decode does); the default runs the two ops.
   virtual void rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
                                     std::span<const MatmulPart> parts);
+  // Whether matmul_parts over `tokens` rows runs faster when the parts' outputs are
+  // neighbouring column ranges of one buffer (views sharing one row stride, part i right
+  // after part i-1): a backend can then run parts whose weights lie side by side as one
+  // product. Every op takes either layout; this is only a preference. Default: no.
+  virtual bool prefers_joined_parts(int64_t tokens) const;
   // A product added to a residual stream: out = x @ w^T (+ bias), then residual += out.
   // out and residual {N, T}, distinct. Default: matmul() then add().
   virtual void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual);
@@ -233,6 +242,12 @@ class Backend {
                          const AttentionParams& params, Tensor& out);
   // out = act(gate) * up, elementwise. out may be gate.
   virtual void glu(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& out);
+  // A gated FFN's tail: act = glu(gate, up), then matmul_add(act, w, bias, out, residual).
+  // act may be gate. A backend may hand the glu's values to the product in the product's own
+  // input format without writing act (CUDA prefill does): act's contents afterwards are
+  // unspecified, so callers that read it (a debug hook) run the two ops. Default: the two ops.
+  virtual void glu_matmul_add(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& act,
+                              const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual);
   // Row-wise softmax. out may be x.
   virtual void softmax(const Tensor& x, Tensor& out);
   // out = a + b (same shapes; b may also be a single row broadcast over a's rows). out may alias.

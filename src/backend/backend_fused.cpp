@@ -5,12 +5,34 @@
 
 namespace kiln {
 
+namespace {
+
+// k's heads {head_dim, heads, T} seen again as rows {heads * head_dim, T}; the heads of a
+// token must be packed, the tokens may be strided (q/k/v as column ranges of one buffer).
+Tensor heads_as_rows(const Tensor& heads) {
+  if (heads.is_contiguous()) return heads.reshape({heads.ne[0] * heads.ne[1], heads.ne[2]});
+  KILN_CHECK(heads.ne[3] == 1 && heads.nb[1] == heads.nb[0] * size_t(heads.ne[0]),
+             "heads {} {}: a token's heads are not packed", heads.name, heads.describe());
+  Tensor rows = heads;
+  rows.n_dims = 2;
+  rows.ne[0] = heads.ne[0] * heads.ne[1];
+  rows.ne[1] = heads.ne[2];
+  rows.ne[2] = 1;
+  rows.nb[1] = heads.nb[2];
+  rows.nb[2] = rows.nb[3] = heads.nb[2] * size_t(heads.ne[2]);
+  return rows;
+}
+
+}  // namespace
+
 void Backend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
   for (const MatmulPart& p : parts) {
     KILN_CHECK(p.w && p.out, "{} matmul_parts: a part lacks its weight or output", name());
     matmul(x, *p.w, p.bias ? *p.bias : Tensor{}, *p.out);
   }
 }
+
+bool Backend::prefers_joined_parts(int64_t) const { return false; }
 
 void Backend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
                                    std::span<const MatmulPart> parts) {
@@ -23,11 +45,17 @@ void Backend::matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, T
   add(residual, out, residual);
 }
 
+void Backend::glu_matmul_add(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& act,
+                             const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) {
+  glu(gate, up, params, act);
+  matmul_add(act, w, bias, out, residual);
+}
+
 void Backend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                             const RopeParams& params, KvLayer& cache, const Tensor& slots) {
   rope(q_heads, positions, params);
   rope(k_heads, positions, params);
-  kv_store(k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]}), v, cache, slots);
+  kv_store(heads_as_rows(k_heads), v, cache, slots);
 }
 
 void Backend::moe_ffn_add(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,

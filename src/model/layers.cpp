@@ -16,15 +16,60 @@ void build_norm(ForwardPass& p, const Tensor& x, const Tensor& weight, Tensor& o
 
 namespace {
 
+// Columns [begin, begin + count) of every row of a 2-D f32 tensor: a view with its row stride.
+Tensor column_range(const Tensor& t, int64_t begin, int64_t count, std::string_view name) {
+  KILN_CHECK(t.dtype == GgmlType::F32 && begin >= 0 && begin + count <= t.ne[0] && t.ne[2] == 1,
+             "columns [{}, {}) of {} {}: out of range", begin, begin + count, t.name, t.describe());
+  Tensor v = t;
+  v.ne[0] = count;
+  v.data = t.as<float>() + begin;
+  v.name = name;
+  return v;
+}
+
+// Rows {heads * head_dim, T} seen as heads {head_dim, heads, T}; the rows may be strided.
+Tensor as_heads(const Tensor& rows, int64_t head_dim, int64_t heads) {
+  if (rows.is_contiguous()) return rows.reshape({head_dim, heads, rows.ne[1]});
+  KILN_CHECK(rows.ne[0] == head_dim * heads && rows.ne[2] == 1 && rows.nb[0] == sizeof(float),
+             "{} {} is not {} heads of {}", rows.name, rows.describe(), heads, head_dim);
+  Tensor h = rows;
+  h.n_dims = 3;
+  h.ne[0] = head_dim, h.ne[1] = heads, h.ne[2] = rows.ne[1], h.ne[3] = 1;
+  h.nb[1] = size_t(head_dim) * sizeof(float), h.nb[2] = rows.nb[1], h.nb[3] = rows.nb[1] * size_t(rows.ne[1]);
+  return h;
+}
+
+// Whether this pass's q/k/v (or gate/up) go into one buffer as neighbouring columns, so the
+// backend can run their products as one (it prefers so for this many tokens). Not with a
+// debug hook (it sees each intermediate as the packed tensor it always was).
+bool joined_outputs(const ForwardPass& p) { return !p.hook && p.backend.prefers_joined_parts(p.n_tokens); }
+
 struct QkvScratch {
   Tensor q, k, v;
 };
 
-QkvScratch qkv_scratch(ForwardPass& p) {
+// Per-head q/k norms keep packed heads (their prefill kernels take no token stride).
+QkvScratch qkv_scratch(ForwardPass& p, const LayerWeights& lw) {
   const HParams& hp = p.hp;
-  return {p.scratch("q", int64_t(hp.n_head) * hp.head_dim_k, p.n_tokens),
-          p.scratch("k", int64_t(hp.n_head_kv) * hp.head_dim_k, p.n_tokens),
-          p.scratch("v", int64_t(hp.n_head_kv) * hp.head_dim_v, p.n_tokens)};
+  const int64_t nq = int64_t(hp.n_head) * hp.head_dim_k, nk = int64_t(hp.n_head_kv) * hp.head_dim_k,
+                nv = int64_t(hp.n_head_kv) * hp.head_dim_v;
+  if (joined_outputs(p) && lw.q_norm.empty() && lw.k_norm.empty()) {
+    const Tensor all = p.scratch("qkv", nq + nk + nv, p.n_tokens);
+    return {column_range(all, 0, nq, "q"), column_range(all, nq, nk, "k"), column_range(all, nq + nk, nv, "v")};
+  }
+  return {p.scratch("q", nq, p.n_tokens), p.scratch("k", nk, p.n_tokens), p.scratch("v", nv, p.n_tokens)};
+}
+
+struct GateUpScratch {
+  Tensor gate, up;
+};
+
+GateUpScratch gate_up_scratch(ForwardPass& p, int64_t n_ff) {
+  if (joined_outputs(p)) {
+    const Tensor all = p.scratch("ffn_gate_up", 2 * n_ff, p.n_tokens);
+    return {column_range(all, 0, n_ff, "ffn_gate"), column_range(all, n_ff, n_ff, "ffn_up")};
+  }
+  return {p.scratch("ffn_gate", n_ff, p.n_tokens), p.scratch("ffn_up", n_ff, p.n_tokens)};
 }
 
 void observe_qkv(ForwardPass& p, const QkvScratch& t, int il) {
@@ -42,8 +87,8 @@ Tensor attend(ForwardPass& p, int il, QkvScratch& t) {
   Backend& be = p.backend;
 
   // Heads as rows: {head_dim, heads, T}.
-  Tensor q_heads = t.q.reshape({hp.head_dim_k, hp.n_head, T});
-  Tensor k_heads = t.k.reshape({hp.head_dim_k, hp.n_head_kv, T});
+  Tensor q_heads = as_heads(t.q, hp.head_dim_k, hp.n_head);
+  Tensor k_heads = as_heads(t.k, hp.head_dim_k, hp.n_head_kv);
   // The q/k norms go with the rope into one op, unless a hook watches the normed heads.
   const bool norms_with_rope = (!lw.q_norm.empty() || !lw.k_norm.empty()) && !p.hook;
   if (!norms_with_rope && !lw.q_norm.empty()) {
@@ -90,7 +135,7 @@ Tensor attend(ForwardPass& p, int il, QkvScratch& t) {
 
 Tensor build_attention(ForwardPass& p, int il, const Tensor& x) {
   const LayerWeights& lw = p.w.layers[size_t(il)];
-  QkvScratch t = qkv_scratch(p);
+  QkvScratch t = qkv_scratch(p, lw);
   const Backend::MatmulPart qkv[] = {{&lw.wq, &lw.bq, &t.q}, {&lw.wk, &lw.bk, &t.k}, {&lw.wv, &lw.bv, &t.v}};
   p.backend.matmul_parts(x, qkv);  // one launch on backends that can
   observe_qkv(p, t, il);
@@ -103,12 +148,11 @@ Tensor build_attention(ForwardPass& p, int il, const Tensor& x) {
 
 Tensor build_ffn(ForwardPass& p, int il, const Tensor& x, const GluParams& act) {
   const LayerWeights& lw = p.w.layers[size_t(il)];
-  const int64_t n_ff = lw.ffn_gate.ne[1];
-  Tensor gate = p.scratch("ffn_gate", n_ff, p.n_tokens);
-  Tensor up = p.scratch("ffn_up", n_ff, p.n_tokens);
-  const Backend::MatmulPart gate_up[] = {{&lw.ffn_gate, &lw.ffn_gate_b, &gate}, {&lw.ffn_up, &lw.ffn_up_b, &up}};
+  GateUpScratch s = gate_up_scratch(p, lw.ffn_gate.ne[1]);
+  Tensor& gate = s.gate;
+  const Backend::MatmulPart gate_up[] = {{&lw.ffn_gate, &lw.ffn_gate_b, &gate}, {&lw.ffn_up, &lw.ffn_up_b, &s.up}};
   p.backend.matmul_parts(x, gate_up);
-  p.backend.glu(gate, up, act, gate);
+  p.backend.glu(gate, s.up, act, gate);
   p.observe(gate, "ffn_act", il);
   Tensor out = p.scratch("ffn_out", p.hp.n_embd, p.n_tokens);
   p.backend.matmul(gate, lw.ffn_down, lw.ffn_down_b, out);
@@ -189,7 +233,7 @@ void build_prenorm_layers(ForwardPass& p, Tensor& x, const GluParams& act, const
 
     // x += attention(norm(x)): the norm computed with the q/k/v products, the residual
     // add with the output projection.
-    QkvScratch t = qkv_scratch(p);
+    QkvScratch t = qkv_scratch(p, lw);
     const Backend::MatmulPart qkv[] = {{&lw.wq, &lw.bq, &t.q}, {&lw.wk, &lw.bk, &t.k}, {&lw.wv, &lw.bv, &t.v}};
     be.rmsnorm_matmul_parts(x, lw.attn_norm, eps, cur, qkv);
     p.observe(cur, "attn_norm", il);
@@ -201,16 +245,19 @@ void build_prenorm_layers(ForwardPass& p, Tensor& x, const GluParams& act, const
 
     // x += ffn(norm(x)), likewise for a gated MLP; routed experts on layers with a router.
     if (lw.moe_router.empty()) {
-      const int64_t n_ff = lw.ffn_gate.ne[1];
-      Tensor gate = p.scratch("ffn_gate", n_ff, p.n_tokens);
-      Tensor up = p.scratch("ffn_up", n_ff, p.n_tokens);
-      const Backend::MatmulPart gate_up[] = {{&lw.ffn_gate, &lw.ffn_gate_b, &gate}, {&lw.ffn_up, &lw.ffn_up_b, &up}};
+      GateUpScratch s = gate_up_scratch(p, lw.ffn_gate.ne[1]);
+      Tensor& gate = s.gate;
+      const Backend::MatmulPart gate_up[] = {{&lw.ffn_gate, &lw.ffn_gate_b, &gate}, {&lw.ffn_up, &lw.ffn_up_b, &s.up}};
       be.rmsnorm_matmul_parts(x, lw.ffn_norm, eps, cur, gate_up);
       p.observe(cur, "ffn_norm", il);
-      be.glu(gate, up, act, gate);
-      p.observe(gate, "ffn_act", il);
       Tensor out = p.scratch("ffn_out", hp.n_embd, p.n_tokens);
-      be.matmul_add(gate, lw.ffn_down, lw.ffn_down_b, out, x);
+      if (p.hook) {
+        be.glu(gate, s.up, act, gate);
+        p.observe(gate, "ffn_act", il);
+        be.matmul_add(gate, lw.ffn_down, lw.ffn_down_b, out, x);
+      } else {  // only the down product reads the activation: it may take it in its own format
+        be.glu_matmul_add(gate, s.up, act, gate, lw.ffn_down, lw.ffn_down_b, out, x);
+      }
       p.observe(out, "ffn_out", il);
     } else {
       build_norm_moe(p, il, x, cur, route, act, &x);

@@ -50,6 +50,23 @@ Tensor GgufSource::load_tensor(std::string_view name, Backend& backend) const {
   return backend.weight(*info);
 }
 
+std::vector<Tensor> ModelSource::load_side_by_side(std::span<const std::string> names, Backend& backend) const {
+  std::vector<Tensor> out;
+  out.reserve(names.size());
+  for (const std::string& name : names) out.push_back(load_tensor(name, backend));
+  return out;
+}
+
+std::vector<Tensor> GgufSource::load_side_by_side(std::span<const std::string> names, Backend& backend) const {
+  std::vector<const gguf::TensorInfo*> infos;
+  for (const std::string& name : names) {
+    const gguf::TensorInfo* info = file_.find_tensor(name);
+    if (!info) fail("{}: no tensor {}", path(), name);
+    infos.push_back(info);
+  }
+  return backend.weights_side_by_side(infos);
+}
+
 bool is_hf_checkpoint_path(const std::string& path) {
   namespace fs = std::filesystem;
   if (fs::is_directory(path)) return true;

@@ -12,6 +12,7 @@
 //   auto model = Model::load(*source, backend);   // the source must outlive the model
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,9 @@ class ModelSource {
   // already the one kiln uses, else a weight the backend owns, made here once. Throws when
   // the tensor is absent.
   virtual Tensor load_tensor(std::string_view name, Backend& backend) const = 0;
+  // Several tensors that one input is multiplied with (q/k/v, gate/up), placed side by side
+  // where the source and the backend can (Backend::weights_side_by_side); else one by one.
+  virtual std::vector<Tensor> load_side_by_side(std::span<const std::string> names, Backend& backend) const;
   // What the source itself calls tensor `name` (e.g. a checkpoint's HF name), for errors
   // about a missing tensor; "" when it is the same.
   virtual std::string native_name(std::string_view name) const { return {}; }
@@ -77,6 +81,7 @@ class GgufSource final : public ModelSource {
   std::vector<std::string> tensor_names() const override;
   const std::vector<int64_t>* tensor_shape(std::string_view name) const override;
   Tensor load_tensor(std::string_view name, Backend& backend) const override;
+  std::vector<Tensor> load_side_by_side(std::span<const std::string> names, Backend& backend) const override;
   const gguf::File* gguf_file() const override { return &file_; }
 
  private:

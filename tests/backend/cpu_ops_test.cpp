@@ -62,6 +62,31 @@ TEST(CpuOps, RmsNormAndFusedResidual) {
   expect_close(out, want, 1e-5, "add_rmsnorm");
 }
 
+// glu_matmul_add's composed default (glu, then matmul_add) on the CPU: the product of the
+// glu's values added to the residual, against the gated activation and product written out.
+TEST(CpuOps, GluMatmulAddIsGluThenProductAndAdd) {
+  CpuBackend be(2);
+  const int64_t n = 96, N = 19, T = 11;
+  std::vector<float> gate = random_vector(n * T, 21), up = random_vector(n * T, 22), w = random_vector(n * N, 23, 0.2f);
+  std::vector<float> res = random_vector(N * T, 24), res0 = res, out(N * T), act(n * T);
+  Tensor tg = view(gate, {n, T}), tu = view(up, {n, T}), tw = view(w, {n, N}), tres = view(res, {N, T});
+  Tensor tout = view(out, {N, T}), tact = view(act, {n, T});
+  be.glu_matmul_add(tg, tu, GluParams{Activation::Silu}, tact, tw, Tensor{}, tout, tres);
+  std::vector<double> want(size_t(N * T)), want_res(size_t(N * T));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < N; ++r) {
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double g = gate[size_t(t * n + i)], u = up[size_t(t * n + i)];
+        sum += g / (1 + std::exp(-g)) * u * w[size_t(r * n + i)];
+      }
+      want[size_t(t * N + r)] = sum;
+      want_res[size_t(t * N + r)] = res0[size_t(t * N + r)] + sum;
+    }
+  expect_close(out, want, 1e-4, "glu_matmul_add out");
+  expect_close(res, want_res, 1e-4, "glu_matmul_add residual");
+}
+
 // rope on {head_dim, heads, T} against the rotation written out, both styles, partial
 // rotary (n_rot < head_dim) and frequency factors.
 TEST(CpuOps, RopeMatchesDefinition) {

@@ -147,6 +147,35 @@ TEST_P(CudaArchReference, GraphDecodeEqualsEagerDecode) {
         << name << " step " << r;
 }
 
+// Prefill with q/k/v and gate/up as column ranges of one buffer (one product over weights
+// side by side, the default) against separate outputs and one product per part: the same
+// rounded inputs, only the products' f32 accumulation order may differ.
+TEST_P(CudaArchReference, JoinedPartsMatchSeparateParts) {
+  KILN_REQUIRE_GPU();
+  const std::string name = GetParam();
+  KILN_REQUIRE_TESTDATA(ref_path, "arch/" + name + ".ref.json");
+  KILN_REQUIRE_TESTDATA(gguf_path, "arch/" + name + ".gguf");
+  const nlohmann::json ref = read_json(ref_path);
+  CudaOptions separate_options;
+  separate_options.joined_parts = false;
+  DeviceModel joined(gguf_path, cuda_backend(false, true));
+  DeviceModel separate(gguf_path, std::make_unique<CudaBackend>(separate_options));
+  ASSERT_TRUE(static_cast<CudaBackend&>(*joined.backend).options().joined_parts) << "KILN_CUDA_PREFILL_JOIN=0 set?";
+  const std::vector<int32_t> ids = to_ids(ref["ids"]);
+  ASSERT_GE(ids.size(), size_t(9)) << "a prefill of at most 8 tokens never joins";
+  const std::vector<float> a = joined.prefill_logits(ids), b = separate.prefill_logits(ids);
+  ASSERT_EQ(a.size(), b.size());
+  const int64_t vocab = joined.vocab();
+  double worst = 0;
+  for (size_t r = 0; r < a.size() / size_t(vocab); ++r) {
+    const double err = relative_l2(a.data() + r * vocab, b.data() + r * vocab, vocab);
+    worst = std::max(worst, err);
+    EXPECT_LE(err, 1e-3) << name << " position " << r << ": logit[0] joined " << a[r * vocab] << " separate "
+                         << b[r * vocab];
+  }
+  std::printf("[ cuda %s ] joined vs separate parts: max relative L2 %.3g\n", name.c_str(), worst);
+}
+
 INSTANTIATE_TEST_SUITE_P(Arch, CudaArchReference,
                          ::testing::Values("llama", "llama31-ropescale", "qwen2", "qwen3", "qwen3moe", "mixtral",
                                            "gemma2", "gptoss", "qwen3next", "qwen35"),

@@ -119,10 +119,14 @@ INSTANTIATE_TEST_SUITE_P(
 // their own handles), against the same double-precision reference as a single product;
 // and on one lane (the caller's stream only). Two rounds: the first times the algorithms
 // of new shapes and runs the parts one after the other, the second runs them side by side.
+// Joined cases: the weights one after the other in one buffer and the outputs neighbouring
+// columns of one Y (q/k/v as a prefill lays them out), so gemm_parts runs one product of
+// all rows; the columns past the last part must stay as they were.
 struct PartsCase {
   GgmlType type;
   int64_t t, k;
   int lanes;
+  bool joined = false;
 };
 
 class GemmPartsTest : public ::testing::TestWithParam<PartsCase> {};
@@ -136,18 +140,30 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
   const TypeTraits& tr = traits(c.type);
   const int64_t w_stride = c.k / tr.block_size * tr.type_size, x_stride = c.k + 4;
   const int64_t widths[3] = {131, 64, 35};
+  const int64_t offsets[3] = {0, 131, 195}, all_rows = 230;  // joined: part i's first row / column
   const std::vector<float> x = random_floats(rng, size_t(c.t * x_stride), -1.0f, 1.0f);
   const DeviceBuffer x_d = to_device(x);
   std::vector<std::vector<uint8_t>> w(3);
   std::vector<DeviceBuffer> w_d, y_d;
   std::vector<GemmPart> parts;
-  for (int i = 0; i < 3; ++i) {
-    w[size_t(i)] = random_rows(rng, c.type, widths[i], c.k, w_stride);
-    w_d.push_back(to_device(w[size_t(i)]));
-    y_d.emplace_back(size_t(c.t * (widths[i] + 5)) * 4);
-    y_d.back().poison();
+  for (int i = 0; i < 3; ++i) w[size_t(i)] = random_rows(rng, c.type, widths[i], c.k, w_stride);
+  if (c.joined) {
+    std::vector<uint8_t> w_all;
+    for (int i = 0; i < 3; ++i)  // the rows only (random_rows leaves slack past them)
+      w_all.insert(w_all.end(), w[size_t(i)].begin(), w[size_t(i)].begin() + widths[i] * w_stride);
+    w_d.push_back(to_device(w_all));
+    y_d.emplace_back(size_t(c.t * (all_rows + 5)) * 4);
+    for (int i = 0; i < 3; ++i)
+      parts.push_back({static_cast<uint8_t*>(w_d[0].as()) + offsets[i] * w_stride, widths[i],
+                       y_d[0].as<float>() + offsets[i], all_rows + 5});
+  } else {
+    for (int i = 0; i < 3; ++i) {
+      w_d.push_back(to_device(w[size_t(i)]));
+      y_d.emplace_back(size_t(c.t * (widths[i] + 5)) * 4);
+    }
+    for (int i = 0; i < 3; ++i)
+      parts.push_back({w_d[size_t(i)].as(), widths[i], y_d[size_t(i)].as<float>(), widths[i] + 5});
   }
-  for (int i = 0; i < 3; ++i) parts.push_back({w_d[size_t(i)].as(), widths[i], y_d[size_t(i)].as<float>(), widths[i] + 5});
 
   GemmLanes lanes;
   lanes.count = c.lanes;
@@ -169,9 +185,18 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
     for (const DeviceBuffer& y : y_d) y.poison();
     KILN_STATUS_OK(gemm_parts(a, lanes, scratch.as(), scratch.bytes()));
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(lanes.stream[0]));  // lane 0 has joined the others
+    if (c.joined) {  // the five columns past the parts are untouched (still poison)
+      const std::vector<float> y_all = to_host<float>(y_d[0], size_t(c.t * (all_rows + 5)));
+      for (int64_t j = 0; j < c.t; ++j)
+        for (int64_t col = all_rows; col < all_rows + 5; ++col) {
+          const size_t at = size_t(j * (all_rows + 5) + col);
+          ASSERT_TRUE(std::isnan(y_all[at])) << "row " << j << " column " << col << " was written: " << y_all[at];
+        }
+    }
     for (int i = 0; i < 3; ++i) {
-      const int64_t n = widths[i], y_stride = n + 5;
-      const std::vector<float> y_all = to_host<float>(y_d[size_t(i)], size_t(c.t * y_stride));
+      const int64_t n = widths[i], y_stride = c.joined ? all_rows + 5 : n + 5;
+      const DeviceBuffer& y_buf = y_d[c.joined ? 0 : size_t(i)];
+      const std::vector<float> y_all = to_host<float>(y_buf, size_t(c.t * y_stride));
       std::vector<float> got;
       std::vector<double> ref, tol;
       std::vector<std::vector<float>> wdeq(static_cast<size_t>(n));
@@ -187,7 +212,7 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
             mag += std::fabs(double(xv) * wv);
             same += double(round_as(c.type, xv)) * round_as(c.type, wv);
           }
-          got.push_back(y_all[size_t(j * y_stride + r)]);
+          got.push_back(y_all[size_t(j * y_stride + (c.joined ? offsets[i] : 0) + r)]);
           ref.push_back(same);
           tol.push_back(1e-4 * mag + 1e-30);
         }
@@ -206,10 +231,13 @@ INSTANTIATE_TEST_SUITE_P(
     Types, GemmPartsTest,
     ::testing::Values(PartsCase{GgmlType::F16, 37, 512, 3}, PartsCase{GgmlType::BF16, 64, 256, 3},
                       PartsCase{GgmlType::Q4_0, 37, 512, 3}, PartsCase{GgmlType::Q8_0, 100, 256, 3},
-                      PartsCase{GgmlType::Q4_K, 17, 512, 2}, PartsCase{GgmlType::Q6_K, 37, 256, 1}),
+                      PartsCase{GgmlType::Q4_K, 17, 512, 2}, PartsCase{GgmlType::Q6_K, 37, 256, 1},
+                      PartsCase{GgmlType::F16, 37, 512, 3, true}, PartsCase{GgmlType::BF16, 64, 256, 1, true},
+                      PartsCase{GgmlType::Q4_0, 100, 512, 1, true}, PartsCase{GgmlType::Q8_0, 17, 256, 3, true}),
     [](const ::testing::TestParamInfo<PartsCase>& info) {
       return std::string(type_name(info.param.type)) + "_t" + std::to_string(info.param.t) + "_k" +
-             std::to_string(info.param.k) + "_lanes" + std::to_string(info.param.lanes);
+             std::to_string(info.param.k) + "_lanes" + std::to_string(info.param.lanes) +
+             (info.param.joined ? "_joined" : "");
     });
 
 }  // namespace

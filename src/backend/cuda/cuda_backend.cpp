@@ -49,6 +49,10 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (const char* env = std::getenv("KILN_CUDA_FUSED"); env && std::string(env) == "0") options_.fused = false;
   if (const char* env = std::getenv("KILN_CUDA_MIXED_PARTS"); env && std::string(env) == "0")
     options_.mixed_parts = false;
+  if (const char* env = std::getenv("KILN_CUDA_PREFILL_JOIN"); env && std::string(env) == "0")
+    options_.joined_parts = false;
+  if (const char* env = std::getenv("KILN_CUDA_PREFILL_GLU_HALF"); env && std::string(env) == "0")
+    options_.glu_half_input = false;
   check(cudaSetDevice(options.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuda backend: cublasCreate failed");
@@ -163,6 +167,38 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
   t.device = Device::Cuda;
   t.name = info.name;
   return t;
+}
+
+// One allocation for weights that are multiplied with one input: each starts where the one
+// before it ends (rounded up to 256 bytes, which rows of f16 / bf16 and of the block formats
+// at the usual widths already are), so a product over several can read them as one matrix.
+// The slack past the end is shared; reads past one weight's end land in the next.
+std::vector<Tensor> CudaBackend::weights_side_by_side(std::span<const gguf::TensorInfo* const> infos) {
+  std::vector<Tensor> out;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const gguf::TensorInfo* info : infos) {
+    Tensor t = cuda_memory::shaped_like(*info);
+    KILN_CHECK(t.bytes() == info->bytes, "tensor {}: {} bytes in the file, {} expected for {}", info->name,
+               info->bytes, t.bytes(), t.describe());
+    t.name = info->name;
+    t.device = Device::Cuda;
+    out.push_back(t);
+    offsets.push_back(total);
+    total += (info->bytes + 255) / 256 * 256;
+  }
+  if (out.empty()) return out;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, total + cuda_memory::kSlack);
+  if (e != cudaSuccess)
+    fail("cuda backend: cannot allocate {} bytes for weights {} and {} more side by side: {} ({} bytes of weights "
+         "so far)", total, infos[0]->name, infos.size() - 1, cudaGetErrorString(e), weight_bytes_);
+  device_allocations_.push_back(p);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].data = static_cast<uint8_t*>(p) + offsets[i];
+    stage_upload(infos[i]->data, out[i].data, infos[i]->bytes);
+  }
+  return out;
 }
 
 Tensor CudaBackend::owned_weight(const Tensor& src, std::string_view name) {

@@ -39,6 +39,13 @@ struct CudaOptions {
   // that can take rope_kv_store into its epilogue; else one launch per type. The
   // environment's KILN_CUDA_MIXED_PARTS=0 turns it off (to measure what it saves).
   bool mixed_parts = true;
+  // Prefill: q/k/v and gate/up outputs as column ranges of one buffer, and the products of
+  // weights loaded side by side as one (cuda_backend_prefill.cpp). The environment's
+  // KILN_CUDA_PREFILL_JOIN=0 turns it off (to measure what it saves).
+  bool joined_parts = true;
+  // Prefill: glu_matmul_add's glu writes the down product's half-precision input (no f32
+  // activation written and read back). KILN_CUDA_PREFILL_GLU_HALF=0 runs glu + matmul_add.
+  bool glu_half_input = true;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -60,6 +67,7 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<Buffer> allocate(size_t bytes) override;
   Tensor weight(const gguf::TensorInfo& info) override;
+  std::vector<Tensor> weights_side_by_side(std::span<const gguf::TensorInfo* const> infos) override;
   Tensor owned_weight(const Tensor& host_source, std::string_view name) override;
   void upload(const void* host, const Tensor& dst, size_t bytes) override;
   void download(const Tensor& src, void* host, size_t bytes) override;
@@ -75,6 +83,9 @@ class CudaBackend final : public Backend {
   void rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weight, float eps, Tensor& normed,
                             std::span<const MatmulPart> parts) override;
   void matmul_add(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) override;
+  // Prefill batches (cuda_backend_prefill.cpp): parts of neighbouring outputs over weights
+  // side by side run as one product.
+  bool prefers_joined_parts(int64_t tokens) const override;
   void rope(Tensor& x, const Tensor& positions, const RopeParams& params) override;
   void kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, const Tensor& slots) override;
   void rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
@@ -85,6 +96,9 @@ class CudaBackend final : public Backend {
   void attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& params,
                  Tensor& out) override;
   void glu(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& out) override;
+  // Prefill (cuda_backend_prefill.cpp): the glu writes the product's rounded input itself.
+  void glu_matmul_add(const Tensor& gate, const Tensor& up, const GluParams& params, Tensor& act, const Tensor& w,
+                      const Tensor& bias, Tensor& out, Tensor& residual) override;
   void softmax(const Tensor& x, Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, Tensor& out) override;
   void scale(const Tensor& x, float factor, Tensor& out) override;
@@ -214,7 +228,7 @@ class CudaBackend final : public Backend {
   uint64_t next_download_ = 1;
   std::vector<void*> device_allocations_;  // weights, retired scratch
   size_t weight_bytes_ = 0;
-  Scratch q8_scratch_, matmul_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
+  Scratch q8_scratch_, matmul_scratch_, glu_half_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;
   // rmsnorm_moe_route's tickets (one per token of a decode batch), zeroed once at start; each
   // launch leaves them zero.

@@ -5,6 +5,17 @@
 // Side streams: gemm_parts can run the parts side by side, but on an H200 (llama3-8b F16,
 // pp512) four lanes measured 31,949 t/s against 33,046 with one (docs/perf-notes.md,
 // round 4), so one lane is the default; KILN_CUDA_PREFILL_LANES=n asks for n.
+//
+// Joined parts: prefill batches ask the model for q/k/v (and gate/up) as column ranges of one
+// buffer (prefers_joined_parts); with the weights loaded side by side (weights_side_by_side)
+// or dequantized into one slab, gemm_parts then runs them as one product (Llama-3-8B q/k/v:
+// 6144 rows instead of 4096 + 1024 + 1024). KILN_CUDA_PREFILL_JOIN=0 keeps separate outputs
+// and one product per part (CudaOptions::joined_parts).
+//
+// glu_matmul_add (the down projection after the FFN's glu): the glu kernel writes the
+// product's rounded input (glu_half.h) and gemm() reads it (GemmArgs::x_half), so the f32
+// activation is never written (CudaOptions::glu_half_input).
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <string>
@@ -12,6 +23,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/glu_half.h"
 
 namespace kiln {
 
@@ -49,6 +61,10 @@ struct CudaBackend::PrefillLanes {
   }
 };
 
+bool CudaBackend::prefers_joined_parts(int64_t tokens) const {
+  return !options_.exact && options_.joined_parts && tokens >= cuda_prefill::kMinTokens;
+}
+
 bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts) {
   using namespace cuda_prefill;
   // KILN_CUDA_PREFILL_PARTS=0: parts one by one (to measure what this saves);
@@ -85,6 +101,7 @@ bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPa
   a.type = type, a.w_row_bytes = int64_t(w0.nb[1]), a.k = K;
   a.x = x.as<float>(), a.x_stride = int64_t(x.nb[1] / 4), a.t = T;
   a.parts = gp;
+  a.join = options_.joined_parts;
   if (type != GgmlType::F16 && type != GgmlType::BF16) {  // quantized: every part's rows in one bf16 slab
     size_t slab = 0;
     for (const cuda::GemmPart& p : gp) slab += size_t(p.n) * size_t(K) * 2;
@@ -127,6 +144,50 @@ bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPa
   for (const MatmulPart& p : parts)
     if (p.bias && !p.bias->empty()) add_bias(*p.bias, *p.out);
   return true;
+}
+
+void CudaBackend::glu_matmul_add(const Tensor& gate, const Tensor& up, const GluParams& p, Tensor& act,
+                                 const Tensor& w, const Tensor& bias, Tensor& out, Tensor& residual) {
+  using namespace cuda_prefill;
+  const int64_t n = gate.ne[0], T = gate.ne[1], N = w.ne[1];
+  const GgmlType type = w.dtype;
+  auto rows_2d = [](const Tensor& t) { return t.dtype == GgmlType::F32 && t.nb[0] == sizeof(float) && t.ne[2] == 1 &&
+                                              t.ne[3] == 1 && t.nb[1] % 16 == 0 && t.device == Device::Cuda; };
+  const bool fits = options_.glu_half_input && !options_.exact && T >= kMinTokens && T <= 65535 &&
+                    type != GgmlType::F32 && cuda::gemm_supports(type) && w.device == Device::Cuda && w.ne[0] == n &&
+                    w.ne[2] == 1 && w.ne[3] == 1 && n % traits(type).block_size == 0 && n % 2 == 0 &&
+                    rows_2d(gate) && rows_2d(up) && up.ne[0] == n && up.ne[1] == T && packed_rows(out) &&
+                    out.ne[0] == N && out.ne[1] == T && packed_rows(residual) && residual.ne[0] == N &&
+                    residual.ne[1] == T && residual.data != out.data;
+  if (!fits) return Backend::glu_matmul_add(gate, up, p, act, w, bias, out, residual);
+
+  cuda::GluHalfArgs ga;
+  ga.kind = p.act == Activation::Silu ? cuda::GluKind::Silu
+            : p.act == Activation::GeluTanh ? cuda::GluKind::GeluTanh : cuda::GluKind::SwigluOai;
+  ga.gate = gate.as<float>(), ga.gate_stride = int64_t(gate.nb[1] / 4);
+  ga.up = up.as<float>(), ga.up_stride = int64_t(up.nb[1] / 4);
+  ga.rows = T, ga.n = n, ga.alpha = p.alpha, ga.limit = p.limit;
+  ga.bf16 = type != GgmlType::F16;  // gemm() rounds x to bf16 for bf16 and quantized weights
+  ga.out = scratch(glu_half_scratch_, size_t(T) * size_t(n) * 2);
+
+  cuda::GemmArgs g;
+  g.type = type, g.w = w.data, g.w_row_bytes = int64_t(w.nb[1]), g.n = N, g.k = n;
+  g.t = T, g.y = out.as<float>(), g.y_stride = int64_t(out.nb[1] / 4), g.x_half = ga.out;
+  const bool float_weights = type == GgmlType::F16 || type == GgmlType::BF16;
+  const int64_t slab = float_weights ? 0 : std::max<int64_t>(64, int64_t(kSlabBytes / (size_t(n) * 2)) / 64 * 64);
+  const size_t need = cuda::gemm_scratch_bytes(g, slab);
+  void* sp = scratch(matmul_scratch_, need);
+  cublasHandle_t blas = blas_;
+
+  cuda::SignatureHash h;
+  h.pod(Op::Glu), h.pod(p.act), h.pod(p.alpha), h.pod(p.limit);
+  hash_tensor(h, gate), hash_tensor(h, up), hash_tensor(h, w), hash_tensor(h, out);
+  record(h, T, [=](cudaStream_t s) {
+    if (cuda::Status st = cuda::glu_to_half(ga, s); !st.ok()) return st;
+    return cuda::gemm(g, blas, sp, need, s);
+  }, "glu_matmul");
+  add_bias(bias, out);
+  defer_add(out, residual);
 }
 
 }  // namespace kiln

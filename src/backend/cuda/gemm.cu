@@ -87,8 +87,12 @@ Status gemm(const GemmArgs& a, cublasHandle_t blas, void* scratch, size_t scratc
       a.t > 0x7fffffff)
     return Status::invalid("gemm: shape t " + std::to_string(a.t) + ", n " + std::to_string(a.n) + ", k " +
                            std::to_string(a.k) + " is not a product of whole " + std::string(tr.name) + " rows");
-  if (!a.w || !a.x || !a.y || !blas) return Status::invalid("gemm: w, x, y and the cuBLAS handle must be set");
-  if (a.x_stride < a.k || a.y_stride < a.n || a.w_row_bytes < a.k / tr.block_size * int64_t(tr.type_size))
+  if (!a.w || !(a.x || a.x_half) || !a.y || !blas)
+    return Status::invalid("gemm: w, x (or x_half), y and the cuBLAS handle must be set");
+  if (a.x_half && (a.type == GgmlType::F32 || reinterpret_cast<uintptr_t>(a.x_half) % kAlign != 0))
+    return Status::invalid("gemm: a rounded x_half needs half or quantized weights and 256-byte alignment");
+  if ((!a.x_half && a.x_stride < a.k) || a.y_stride < a.n ||
+      a.w_row_bytes < a.k / tr.block_size * int64_t(tr.type_size))
     return Status::invalid("gemm: a row stride is shorter than its row");
   if (!is_quantized(a.type) && a.w_row_bytes % tr.type_size != 0)
     return Status::invalid("gemm: the weight row stride must be a whole number of elements");
@@ -109,9 +113,10 @@ Status gemm(const GemmArgs& a, cublasHandle_t blas, void* scratch, size_t scratc
   // X rounded to the weights' half type (bf16 for quantized weights).
   const OutType half = a.type == GgmlType::F16 ? OutType::F16 : OutType::BF16;
   const cudaDataType_t half_type = a.type == GgmlType::F16 ? CUDA_R_16F : CUDA_R_16BF;
-  void* x_half = scratch;
+  const void* x_half = a.x_half ? a.x_half : scratch;
   void* workspace = static_cast<uint8_t*>(scratch) + x_half_bytes(a);
-  if (Status s = round_x(a.x, a.x_stride, a.t, a.k, half, x_half, stream); !s.ok()) return s;
+  if (!a.x_half)
+    if (Status s = round_x(a.x, a.x_stride, a.t, a.k, half, scratch, stream); !s.ok()) return s;
 
   if (!is_quantized(a.type))
     return product(a, blas, half_type, a.w, a.w_row_bytes / 2, a.n, x_half, a.k, a.y, workspace, stream);
@@ -205,6 +210,24 @@ Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch,
     slab += align_up(size_t(p.n) * a.k * 2);
   }
   if (quantized) ldw = a.k;
+
+  // Parts whose weights and outputs lie side by side: one product of all their rows.
+  if (a.join && n_parts > 1) {
+    bool joined = true;
+    int64_t rows = a.parts[0].n;
+    for (size_t i = 1; i < n_parts && joined; ++i) {
+      const GemmPart& prev = a.parts[i - 1];
+      const GemmPart& p = a.parts[i];
+      joined = w_of[i] == static_cast<const uint8_t*>(w_of[i - 1]) + size_t(prev.n) * size_t(ldw) * 2 &&
+               p.y == prev.y + prev.n && p.y_stride == prev.y_stride;
+      rows += p.n;
+    }
+    if (joined && rows <= a.parts[0].y_stride && rows <= 0x7fffffff) {
+      if (Status s = blas_status(cublasSetStream(lanes.blas[0], main), "cublasSetStream"); !s.ok()) return s;
+      return product(lanes.blas[0], half_type, a.t, a.k, w_of[0], ldw, rows, x_half, a.k, a.parts[0].y,
+                     a.parts[0].y_stride, workspaces, main);
+    }
+  }
 
   // Side by side only once every part's algorithm is chosen: timing wants the GPU alone.
   bool all_planned = true;

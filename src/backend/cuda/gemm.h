@@ -37,6 +37,10 @@ struct GemmArgs {
   int64_t t = 0;
   float* y = nullptr;        // t rows of n, row j at y + j * y_stride
   int64_t y_stride = 0;
+  // Optional, for half and quantized weights: X already rounded to the product's half type
+  // (f16 for f16 weights, else bf16), t packed rows of k, 256-byte aligned (glu_half.h
+  // writes it). gemm() then reads this instead of rounding x (which may be null).
+  const void* x_half = nullptr;
 };
 
 bool gemm_supports(GgmlType type);
@@ -65,12 +69,20 @@ struct GemmPart {
   int64_t y_stride = 0;
 };
 
+// Joined parts: where every part's weight rows follow the previous part's in memory (as the
+// dequantized slab of quantized weights always does, or half weights loaded side by side)
+// and every part's output is the next columns of one Y (same y_stride, part i's y right
+// after part i-1's last column), the parts run as ONE product of all their rows: a
+// 1024-row product (k, v of Llama-3-8B at T = 512) leaves most of an H200 idle, one of
+// 6144 rows does not. Same inputs and rounding, so the same result up to the order of the
+// f32 accumulation that the chosen algorithm uses.
 struct GemmPartsArgs {
   GgmlType type = GgmlType::BF16;  // not f32 (those take gemm())
   int64_t w_row_bytes = 0, k = 0;
   const float* x = nullptr;
   int64_t x_stride = 0, t = 0;
   std::span<const GemmPart> parts;
+  bool join = true;  // false: one product per part even where they could be joined
 };
 
 inline constexpr int kMaxGemmLanes = 4;
