@@ -50,7 +50,7 @@ class ModelSource {
   virtual std::vector<Tensor> load_side_by_side(std::span<const std::string> names, Backend& backend) const;
   // What the source itself calls tensor `name` (e.g. a checkpoint's HF name), for errors
   // about a missing tensor; "" when it is the same.
-  virtual std::string native_name(std::string_view name) const { return {}; }
+  virtual std::string native_name(std::string_view /*name*/) const { return {}; }
   // The GGUF file behind the source, or null (for what only GGUF files hold: the embedded
   // tokenizer and chat template, per-tensor quantization types).
   virtual const gguf::File* gguf_file() const { return nullptr; }
