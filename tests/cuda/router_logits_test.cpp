@@ -3,8 +3,8 @@
 // experts, bias) and awkward ones (5 and 300 experts, k 36, 68 and 4100, token counts off
 // the 64-token tiles), rows not packed. Bound: each output is f32 sums of at most `chunk`
 // products per block, then the blocks' shares added: |err| <= (chunk + blocks + 2) * 2^-24 *
-// sum_k |x w| (first order). The padding after each logits row must stay untouched, and a
-// second run must give the same bits. Skips without a GPU.
+// sum_k |x w| (first order). The padding after each logits row must stay untouched, and runs
+// with each block placement must give the same bits. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,8 +61,10 @@ TEST(CudaRouterLogits, MatchesDoubleReference) {
     a.n_tokens = c.T, a.n_expert = c.E, a.k = c.K;
     ASSERT_EQ(router_logits_refusal(a), "") << what;
 
+    // Every placement (where the blocks run, not what they add): the same bits each run.
     std::vector<float> first;
-    for (int run = 0; run < 2; ++run) {
+    for (int run = 0; run < 3; ++run) {
+      a.placement = run == 0 ? RouterPlacement::OnePerSm : run == 1 ? RouterPlacement::Spread : RouterPlacement::Default;
       d_logits.poison();
       KILN_STATUS_OK(router_logits(a, nullptr));
       const std::vector<float> all = to_host<float>(d_logits, size_t(c.T * l_stride));
@@ -81,7 +83,7 @@ TEST(CudaRouterLogits, MatchesDoubleReference) {
       } else {
         for (size_t i = 0; i < got.size(); ++i)
           ASSERT_EQ(std::memcmp(&got[i], &first[i], 4), 0)
-              << what << ": run 2 differs at [" << i << "]: " << got[i] << " vs " << first[i];
+              << what << ": run " << run << " differs at [" << i << "]: " << got[i] << " vs " << first[i];
       }
     }
   }

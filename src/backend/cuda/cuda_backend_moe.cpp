@@ -139,9 +139,19 @@ bool CudaBackend::record_router_logits(const Tensor& x, const Tensor& router, co
   a.bias = bias.empty() ? nullptr : bias.as<float>();
   a.logits = logits.as<float>(), a.logits_stride = cuda_ops::even_stride(logits);
   a.n_tokens = x.rows(), a.n_expert = router.ne[1], a.k = x.ne[0];
+  // KILN_CUDA_ROUTER_PLACEMENT=0 / 1 / 2: the default cluster policy / spread / one block per
+  // SM (the default; see router_logits.h). The same bits whichever.
+  static const cuda::RouterPlacement placement = [] {
+    const char* env = std::getenv("KILN_CUDA_ROUTER_PLACEMENT");
+    const int v = env ? std::atoi(env) : 2;
+    return v == 0 ? cuda::RouterPlacement::Default : v == 1 ? cuda::RouterPlacement::Spread
+                                                            : cuda::RouterPlacement::OnePerSm;
+  }();
+  a.placement = placement;
   if (!cuda::router_logits_refusal(a).empty()) return false;
   cuda_ops::Sig sig(Op::Matmul);
   sig.t(x).t(router).t(bias).t(logits);
+  sig.v(a.placement);
   record(sig.h, a.n_tokens, [=](cudaStream_t s) { return cuda::router_logits(a, s); }, "router_logits");
   return true;
 }

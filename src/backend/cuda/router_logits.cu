@@ -10,6 +10,11 @@
 // Then the block leaves its 64 x 64 partial sums in shared memory, the cluster syncs, and
 // the cluster's blocks each add up a share of the tile's outputs over the ranks in order.
 //
+// Placement (router_logits.h): v1 left it to the default cluster policy and measured 24 us
+// in the prefill op profile (cuBLAS: 20.5), about 3x the estimate below, as if the clusters
+// had crowded onto a third of the SMs; the kernel now comes in three instances that differ
+// only in where the scheduler puts their blocks.
+//
 // Floor at T = 512, K = 2048, E = 128: 134 M FMA; the f32 FMA rate of 132 SMs (~33 T/s)
 // gives 4 us; bytes (4 MB of x, 1 MB of router, 0.25 MB out) 1.3 us at 4.2 TB/s.
 #include <cooperative_groups.h>
@@ -31,6 +36,8 @@ constexpr int kPitch = kStep + 4;  // floats per staged row
 constexpr int kPartPitch = kTile;  // floats per row of the partial sums
 constexpr int kMaxShares = 8;      // a portable cluster
 constexpr int64_t kShareTarget = 256;  // k per block where k allows
+// With the 34 KB of static shared memory, more than half of an SM's 228 KB: one block per SM.
+constexpr size_t kOnePerSmReserve = size_t(100) << 10;
 
 // The step's 64 rows x 32 k of a [rows][k] matrix: two 16-byte pieces per thread (row =
 // piece / 8, columns piece % 8 * 4 ..), zero past the rows or past k_end.
@@ -53,6 +60,9 @@ __device__ __forceinline__ void stage(float* s, const float4 (&r)[2]) {
   }
 }
 
+// kPlacement: 0 default, 1 spread, 2 one block per SM (the launch reserves kOnePerSmReserve
+// bytes of dynamic shared memory that the kernel never touches); the code is the same.
+template <int kPlacement>
 __global__ void __launch_bounds__(kThreads) router_logits_kernel(RouterLogitsArgs a, int64_t chunk) {
   __shared__ __align__(16) float xs[kTile * kPitch];
   __shared__ __align__(16) float ws[kTile * kPitch];
@@ -104,12 +114,19 @@ __global__ void __launch_bounds__(kThreads) router_logits_kernel(RouterLogitsArg
     for (int j = 0; j < 4; ++j) part[(ty + 16 * i) * kPartPitch + tx + 16 * j] = acc[i][j];
   cluster.sync();  // every rank's partial sums in place
 
-  // Rank r adds up outputs r * 256 + tid, then every shares * 256-th, over the ranks in order.
+  // Rank r adds up outputs r * 256 + tid, then every shares * 256-th, over the ranks in order
+  // (all ranks' values requested before the first add).
   for (int o = rank * kThreads + int(threadIdx.x); o < kTile * kTile; o += shares * kThreads) {
     const int row = o / kTile, col = o % kTile;
     const int64_t t = t0 + row, e = e0 + col;
+    float share[kMaxShares];
+#pragma unroll
+    for (int r = 0; r < kMaxShares; ++r)
+      share[r] = r < shares ? cluster.map_shared_rank(part, r)[row * kPartPitch + col] : 0.0f;
     float sum = 0.0f;
-    for (int r = 0; r < shares; ++r) sum += cluster.map_shared_rank(part, r)[row * kPartPitch + col];
+#pragma unroll
+    for (int r = 0; r < kMaxShares; ++r)
+      if (r < shares) sum += share[r];
     if (t < a.n_tokens && e < a.n_expert) a.logits[t * a.logits_stride + e] = a.bias ? sum + a.bias[e] : sum;
   }
   cluster.sync();  // no block leaves while another still reads its partial sums
@@ -147,8 +164,22 @@ Status router_logits(const RouterLogitsArgs& a, cudaStream_t stream) {
   const RouterSplit split = router_logits_split(a.k);
   const dim3 grid(unsigned((a.n_expert + kTile - 1) / kTile), unsigned((a.n_tokens + kTile - 1) / kTile),
                   unsigned(split.blocks));
-  const cudaError_t e = launch_chained_in_clusters(router_logits_kernel, grid, dim3(1, 1, unsigned(split.blocks)),
-                                                   dim3(kThreads), 0, stream, a, split.chunk);
+  // Each placement its own instance of the kernel: the policy is an attribute of the function.
+  auto* kernel = a.placement == RouterPlacement::Spread     ? router_logits_kernel<1>
+                 : a.placement == RouterPlacement::OnePerSm ? router_logits_kernel<2>
+                                                            : router_logits_kernel<0>;
+  const size_t reserve = a.placement == RouterPlacement::OnePerSm ? kOnePerSmReserve : 0;
+  static const cudaError_t prepared = [] {
+    cudaError_t e = cudaFuncSetAttribute(router_logits_kernel<1>, cudaFuncAttributeClusterSchedulingPolicyPreference,
+                                         int(cudaClusterSchedulingPolicySpread));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(router_logits_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(kOnePerSmReserve));
+    return e;
+  }();
+  if (prepared != cudaSuccess) return Status::from_cuda(prepared, "router_logits_kernel (function attributes)");
+  const cudaError_t e = launch_chained_in_clusters(kernel, grid, dim3(1, 1, unsigned(split.blocks)), dim3(kThreads),
+                                                   reserve, stream, a, split.chunk);
   if (e != cudaSuccess) return Status::from_cuda(e, "router_logits_kernel");
   return launch_status("router_logits_kernel");
 }

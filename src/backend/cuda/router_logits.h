@@ -19,6 +19,12 @@
 
 namespace kiln::cuda {
 
+// Where the blocks of the clusters go. A cluster's blocks must share a GPC, and with the
+// default policy several of them may share an SM (up to 3 fit): at T = 512 the 128 blocks
+// then crowd onto a third of the SMs. Spread asks the scheduler to spread a cluster's blocks
+// over SMs; one per SM reserves enough shared memory that no SM takes two.
+enum class RouterPlacement : uint8_t { Default, Spread, OnePerSm };
+
 struct RouterLogitsArgs {
   const float* x = nullptr;  // [n_tokens][k], row stride x_stride floats
   int64_t x_stride = 0;
@@ -28,6 +34,7 @@ struct RouterLogitsArgs {
   float* logits = nullptr;      // [n_tokens][n_expert], row stride logits_stride floats
   int64_t logits_stride = 0;
   int64_t n_tokens = 0, n_expert = 0, k = 0;
+  RouterPlacement placement = RouterPlacement::OnePerSm;  // the same bits whichever
 };
 
 // Empty when router_logits() takes these sizes and alignments (rows of x and of the router
