@@ -167,7 +167,8 @@ TEST(CudaRopeStoreRows, MatchesDoubleReference) {
             << what << ": q padding of token " << t << " written";
       if (slot < 0) continue;
       for (int64_t i = 0; i < v_width; ++i) {
-        const float want = c.f16_cache ? f16_to_f32(f32_to_f16(v[size_t(t * v_stride + i)])) : v[size_t(t * v_stride + i)];
+        const float value = v[size_t(t * v_stride + i)];
+        const float want = c.f16_cache ? f16_to_f32(f32_to_f16(value)) : value;
         ASSERT_EQ(cache_value(cv, slot * v_width + i), want) << what << ": cache v token " << t << " [" << i << "]";
       }
     }

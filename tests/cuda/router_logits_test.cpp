@@ -64,7 +64,9 @@ TEST(CudaRouterLogits, MatchesDoubleReference) {
     // Every placement (where the blocks run, not what they add): the same bits each run.
     std::vector<float> first;
     for (int run = 0; run < 3; ++run) {
-      a.placement = run == 0 ? RouterPlacement::OnePerSm : run == 1 ? RouterPlacement::Spread : RouterPlacement::Default;
+      a.placement = run == 0   ? RouterPlacement::OnePerSm
+                    : run == 1 ? RouterPlacement::Spread
+                               : RouterPlacement::Default;
       d_logits.poison();
       KILN_STATUS_OK(router_logits(a, nullptr));
       const std::vector<float> all = to_host<float>(d_logits, size_t(c.T * l_stride));

@@ -171,9 +171,9 @@ std::string rope_store_rows_refusal(const RopeArgs& q, const RopeArgs& k, const 
   const int64_t row_align = dim == 64 ? 8 : 16;
   const int64_t elem = st.cache_type == GgmlType::F16 ? 2 : 4;
   const int64_t k_store = dim / kWarpSize * elem > 16 ? 16 : dim / kWarpSize * elem, v_store = 4 * elem;
-  const bool rows_ok = aligned_to(q.x, row_align) && aligned_to(k.x, row_align) && q.token_stride * 4 % row_align == 0 &&
-                       k.token_stride * 4 % row_align == 0 && (!norms.q || aligned_to(norms.q, row_align)) &&
-                       (!norms.k || aligned_to(norms.k, row_align));
+  const bool rows_ok = aligned_to(q.x, row_align) && aligned_to(k.x, row_align) &&
+                       q.token_stride * 4 % row_align == 0 && k.token_stride * 4 % row_align == 0 &&
+                       (!norms.q || aligned_to(norms.q, row_align)) && (!norms.k || aligned_to(norms.k, row_align));
   const bool v_ok = st.v_width % 4 == 0 && aligned_to(st.v, 16) && st.v_stride % 4 == 0;
   const bool cache_ok = aligned_to(st.cache_k, k_store) && st.cache_k_stride * elem % k_store == 0 &&
                         aligned_to(st.cache_v, v_store) && st.cache_v_stride * elem % v_store == 0;

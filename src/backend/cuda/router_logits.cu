@@ -169,15 +169,18 @@ Status router_logits(const RouterLogitsArgs& a, cudaStream_t stream) {
                  : a.placement == RouterPlacement::OnePerSm ? router_logits_kernel<2>
                                                             : router_logits_kernel<0>;
   const size_t reserve = a.placement == RouterPlacement::OnePerSm ? kOnePerSmReserve : 0;
-  static const cudaError_t prepared = [] {
-    cudaError_t e = cudaFuncSetAttribute(router_logits_kernel<1>, cudaFuncAttributeClusterSchedulingPolicyPreference,
-                                         int(cudaClusterSchedulingPolicySpread));
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(router_logits_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(kOnePerSmReserve));
-    return e;
-  }();
-  if (prepared != cudaSuccess) return Status::from_cuda(prepared, "router_logits_kernel (function attributes)");
+  // Each instance's attribute once, when it is first used.
+  if (a.placement == RouterPlacement::Spread) {
+    static const cudaError_t spread =
+        cudaFuncSetAttribute(router_logits_kernel<1>, cudaFuncAttributeClusterSchedulingPolicyPreference,
+                             int(cudaClusterSchedulingPolicySpread));
+    if (spread != cudaSuccess) return Status::from_cuda(spread, "router_logits_kernel (spread policy)");
+  }
+  if (a.placement == RouterPlacement::OnePerSm) {
+    static const cudaError_t reserved = cudaFuncSetAttribute(
+        router_logits_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOnePerSmReserve));
+    if (reserved != cudaSuccess) return Status::from_cuda(reserved, "router_logits_kernel (shared-memory reserve)");
+  }
   const cudaError_t e = launch_chained_in_clusters(kernel, grid, dim3(1, 1, unsigned(split.blocks)), dim3(kThreads),
                                                    reserve, stream, a, split.chunk);
   if (e != cudaSuccess) return Status::from_cuda(e, "router_logits_kernel");
