@@ -102,8 +102,10 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
       return;
     }
   }
-  // Prefill: the norm (taking a pending residual add), the router's logits in f32 by
-  // router_logits (cuBLAS's SGEMM tiles leave most SMs idle at 128 outputs), the routing.
+  // Prefill with KILN_CUDA_PREFILL_ROUTER=1: the norm (taking a pending residual add), the
+  // router's logits in f32 by router_logits, the routing. Off by default: on the H200 it has
+  // not yet beaten cuBLAS's SGEMM (23.4 us against 20.3 per Qwen3-30B-A3B layer at T = 512,
+  // docs/perf-notes-moe.md), so prefill runs the three plain ops.
   if (!options_.exact && T > kMoeRouteMaxTokens && prefill_router_enabled()) {
     rmsnorm(x, norm_weight, eps, normed);
     if (record_router_logits(normed, router, router_bias, logits)) return moe_route(logits, params, ids, weights);
@@ -113,12 +115,11 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
   Backend::rmsnorm_moe_route(x, norm_weight, eps, normed, router, router_bias, params, logits, ids, weights);
 }
 
-// KILN_CUDA_PREFILL_ROUTER=0: the prefill router product goes to cuBLAS (to measure what
-// router_logits saves).
+// KILN_CUDA_PREFILL_ROUTER=1: the prefill router product by router_logits (default: cuBLAS).
 bool CudaBackend::prefill_router_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("KILN_CUDA_PREFILL_ROUTER");
-    return !(env && std::string(env) == "0");
+    return env && std::string(env) == "1";
   }();
   return enabled;
 }
@@ -139,11 +140,11 @@ bool CudaBackend::record_router_logits(const Tensor& x, const Tensor& router, co
   a.bias = bias.empty() ? nullptr : bias.as<float>();
   a.logits = logits.as<float>(), a.logits_stride = cuda_ops::even_stride(logits);
   a.n_tokens = x.rows(), a.n_expert = router.ne[1], a.k = x.ne[0];
-  // KILN_CUDA_ROUTER_PLACEMENT=0 / 1 / 2: the default cluster policy / spread / one block per
-  // SM (the default; see router_logits.h). The same bits whichever.
+  // KILN_CUDA_ROUTER_PLACEMENT=0 / 1 / 2: the default cluster policy / spread (the default,
+  // fastest measured) / one block per SM (see router_logits.h). The same bits whichever.
   static const cuda::RouterPlacement placement = [] {
     const char* env = std::getenv("KILN_CUDA_ROUTER_PLACEMENT");
-    const int v = env ? std::atoi(env) : 2;
+    const int v = env ? std::atoi(env) : 1;
     return v == 0 ? cuda::RouterPlacement::Default : v == 1 ? cuda::RouterPlacement::Spread
                                                             : cuda::RouterPlacement::OnePerSm;
   }();

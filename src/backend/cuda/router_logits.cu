@@ -11,9 +11,11 @@
 // the cluster's blocks each add up a share of the tile's outputs over the ranks in order.
 //
 // Placement (router_logits.h): v1 left it to the default cluster policy and measured 24 us
-// in the prefill op profile (cuBLAS: 20.5), about 3x the estimate below, as if the clusters
-// had crowded onto a third of the SMs; the kernel now comes in three instances that differ
-// only in where the scheduler puts their blocks.
+// in the prefill op profile (cuBLAS: 20.5), about 3x the estimate below; three instances that
+// differ only in where their blocks go measured 24.1 / 23.4 / 29.6 us, so crowding was not
+// the cause. Not yet measured, the next suspect: one step of register prefetch with one block
+// (8 warps) per SM leaves each 32-k step waiting on an L2 round trip (~1 us, against ~0.75 us
+// of FMA per step); a cp.async pipeline of 3-4 stages would hide it.
 //
 // Floor at T = 512, K = 2048, E = 128: 134 M FMA; the f32 FMA rate of 132 SMs (~33 T/s)
 // gives 4 us; bytes (4 MB of x, 1 MB of router, 0.25 MB out) 1.3 us at 4.2 TB/s.
