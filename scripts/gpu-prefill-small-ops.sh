@@ -1,6 +1,6 @@
 #!/bin/bash
-# The prefill layer's small ops on one GPU: router_logits (KILN_CUDA_PREFILL_ROUTER, block
-# placement KILN_CUDA_ROUTER_PLACEMENT), rope_store_rows (KILN_CUDA_PREFILL_ROPE_STORE) and
+# The prefill layer's small ops on one GPU: router_logits (KILN_CUDA_PREFILL_ROUTER=1, off by
+# default; block placement KILN_CUDA_ROUTER_PLACEMENT), rope_store_rows (KILN_CUDA_PREFILL_ROPE_STORE) and
 # mixed-type q/k/v parts (KILN_CUDA_PREFILL_MIXED_PARTS). The whole of test_cuda, then a
 # Qwen3-30B-A3B Q4_K_M prefill with all new / all old in turn (pp512), an arm with mixed parts
 # off, the prefill op profiles (router placements 2 and 1, and old; per-layer view by
@@ -36,11 +36,13 @@ say "moe model ready"
 # pp512 of model $1 with the environment's assignments after it.
 pp() { env "${@:2}" timeout 60 "$K" bench -m "$1" -p 512 -n 0 -r 3 --device cuda 2>&1 | grep pp512 | awk -F'|' '{print $(NF-1)}'; }
 old_env="KILN_CUDA_PREFILL_ROUTER=0 KILN_CUDA_PREFILL_ROPE_STORE=0 KILN_CUDA_PREFILL_MIXED_PARTS=0"
+# new: the defaults (router_logits off since it measured slower than cuBLAS; the second run's
+# new arms had it on, with placement 2).
 for arm in new old new old; do
   if [ $arm = new ]; then echo "moe new: $(pp /tmp/moe.gguf)"; else echo "moe old: $(pp /tmp/moe.gguf $old_env)"; fi
 done
 for placement in 2 1; do
-  KILN_CUDA_ROUTER_PLACEMENT=$placement KILN_CUDA_OP_TIMING=2 timeout 60 "$K" bench -m /tmp/moe.gguf -p 512 -n 0 \
+  KILN_CUDA_PREFILL_ROUTER=1 KILN_CUDA_ROUTER_PLACEMENT=$placement KILN_CUDA_OP_TIMING=2 timeout 60 "$K" bench -m /tmp/moe.gguf -p 512 -n 0 \
     -r 1 --device cuda > "$OUT/moe-ops-new-p$placement.log" 2>&1
 done
 env $old_env KILN_CUDA_OP_TIMING=2 timeout 60 "$K" bench -m /tmp/moe.gguf -p 512 -n 0 -r 1 --device cuda \
