@@ -134,8 +134,11 @@ bool CudaBackend::record_rope_store_rows(Tensor& q_heads, Tensor& k_heads, const
   // so that a refused layout records nothing (not even the table).
   const float* stand_in = q.x;
   if (!cuda::rope_store_rows_refusal(q, k, st, stand_in, norms).empty()) return false;
+  // One table per positions buffer whatever the pass's token count (keyed without the
+  // shape): prompts of many lengths would otherwise leave a table each. Every pass uploads
+  // its positions first, which marks the table stale, so each pass computes its own rows.
   Sig table_key(Op::Rope);
-  table_key.t(positions);
+  table_key.v(positions.data).v(positions.dtype).v(true);
   hash_rope(table_key, p, q);
   const float* angles = rope_table_for(q, table_key.h.value);
   Sig sig(Op::KvStore);
