@@ -187,9 +187,13 @@ struct RopeCase {
 };
 
 TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
+  // Up to 8 tokens: decode's rope_store; 20 and 13: prefill's rope_store_rows (the angles
+  // from the pass's table, computed as rope's: the same bits).
   const RopeCase cases[] = {{128, 128, 32, 8, 1, RopeStyle::Normal, false},
                             {64, 32, 6, 2, 3, RopeStyle::Neox, false},
-                            {128, 128, 8, 2, 2, RopeStyle::Neox, true}};
+                            {128, 128, 8, 2, 2, RopeStyle::Neox, true},
+                            {128, 128, 32, 8, 20, RopeStyle::Normal, false},
+                            {64, 32, 6, 2, 13, RopeStyle::Neox, true}};
   const int64_t n_slots = 40;
   for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {
     for (const RopeCase& c : cases) {
@@ -203,7 +207,8 @@ TEST_F(FusedOps, RopeKvStoreMatchesRopeRopeAndKvStore) {
       rope.freq_base = 500000.0f;
       if (c.yarn) rope.freq_scale = 0.25f, rope.yarn.ext_factor = 1.0f, rope.yarn.n_ctx_orig = 4096;
       std::vector<int32_t> positions(static_cast<size_t>(T)), slots(static_cast<size_t>(T));
-      for (int64_t t = 0; t < T; ++t) positions[size_t(t)] = int32_t(1000 * t + 17), slots[size_t(t)] = int32_t(37 - 5 * t);
+      for (int64_t t = 0; t < T; ++t)
+        positions[size_t(t)] = int32_t(1000 * t + 17), slots[size_t(t)] = int32_t((37 + 7 * t) % n_slots);
       const std::vector<float> q_host = random_floats(rng_, size_t(q_width * T), -2.0f, 2.0f);
       const std::vector<float> k_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
       const std::vector<float> v_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
@@ -302,7 +307,9 @@ TEST_F(FusedOps, NormRopeKvStoreMatchesHeadNormsThenRopeKvStore) {
     int head_dim, n_head, n_kv, tokens;
     bool q_norm, k_norm;
   };
-  const Case cases[] = {{128, 32, 4, 1, true, true}, {64, 6, 2, 3, true, false}, {256, 4, 1, 2, false, true}};
+  // 21 and 12 tokens: prefill's rope_store_rows.
+  const Case cases[] = {{128, 32, 4, 1, true, true},   {64, 6, 2, 3, true, false}, {256, 4, 1, 2, false, true},
+                        {128, 32, 4, 21, true, true}, {64, 6, 2, 12, true, false}};
   const int64_t n_slots = 24;
   for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {
     for (const Case& c : cases) {
@@ -314,7 +321,8 @@ TEST_F(FusedOps, NormRopeKvStoreMatchesHeadNormsThenRopeKvStore) {
       rope.style = RopeStyle::Neox;
       rope.freq_base = 1000000.0f;
       std::vector<int32_t> positions, slots;
-      for (int64_t t = 0; t < T; ++t) positions.push_back(int32_t(300 * t + 5)), slots.push_back(int32_t(20 - 3 * t));
+      for (int64_t t = 0; t < T; ++t)
+        positions.push_back(int32_t(300 * t + 5)), slots.push_back(int32_t((20 + 5 * t) % n_slots));
       const std::vector<float> q_host = random_floats(rng_, size_t(q_width * T), -2.0f, 2.0f);
       const std::vector<float> k_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);
       const std::vector<float> v_host = random_floats(rng_, size_t(kv_width * T), -2.0f, 2.0f);

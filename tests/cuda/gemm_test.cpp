@@ -126,7 +126,8 @@ struct PartsCase {
   GgmlType type;
   int64_t t, k;
   int lanes;
-  bool joined = false;
+  bool joined = false;                 // the parts' weights and outputs side by side
+  GgmlType last_type = GgmlType::F32;  // quantized: the third part's own type (F32: as the others)
 };
 
 class GemmPartsTest : public ::testing::TestWithParam<PartsCase> {};
@@ -135,10 +136,12 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
   KILN_REQUIRE_GPU();
   const PartsCase c = GetParam();
   SCOPED_TRACE(std::string(type_name(c.type)) + " t " + std::to_string(c.t) + " k " + std::to_string(c.k) +
-               " lanes " + std::to_string(c.lanes));
+               " lanes " + std::to_string(c.lanes) + " last part " + std::string(type_name(c.last_type)));
   std::mt19937_64 rng(900 + uint64_t(c.type) * 7 + uint64_t(c.lanes));
-  const TypeTraits& tr = traits(c.type);
-  const int64_t w_stride = c.k / tr.block_size * tr.type_size, x_stride = c.k + 4;
+  const bool mixed = c.last_type != GgmlType::F32;
+  const GgmlType types[3] = {c.type, c.type, mixed ? c.last_type : c.type};
+  auto row_bytes = [&](GgmlType t) { return c.k / traits(t).block_size * int64_t(traits(t).type_size); };
+  const int64_t w_stride = row_bytes(c.type), x_stride = c.k + 4;
   const int64_t widths[3] = {131, 64, 35};
   const int64_t offsets[3] = {0, 131, 195}, all_rows = 230;  // joined: part i's first row / column
   const std::vector<float> x = random_floats(rng, size_t(c.t * x_stride), -1.0f, 1.0f);
@@ -146,8 +149,15 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
   std::vector<std::vector<uint8_t>> w(3);
   std::vector<DeviceBuffer> w_d, y_d;
   std::vector<GemmPart> parts;
-  for (int i = 0; i < 3; ++i) w[size_t(i)] = random_rows(rng, c.type, widths[i], c.k, w_stride);
-  if (c.joined) {
+  for (int i = 0; i < 3; ++i) w[size_t(i)] = random_rows(rng, types[i], widths[i], c.k, row_bytes(types[i]));
+  if (c.joined && mixed) {  // outputs side by side, weights of two types apart (their bf16 rows join in the slab)
+    y_d.emplace_back(size_t(c.t * (all_rows + 5)) * 4);
+    for (int i = 0; i < 3; ++i) {
+      w_d.push_back(to_device(w[size_t(i)]));
+      parts.push_back({w_d[size_t(i)].as(), widths[i], y_d[0].as<float>() + offsets[i], all_rows + 5});
+    }
+    parts[2].own_row_bytes = row_bytes(types[2]), parts[2].own_type = types[2];
+  } else if (c.joined) {
     std::vector<uint8_t> w_all;
     for (int i = 0; i < 3; ++i)  // the rows only (random_rows leaves slack past them)
       w_all.insert(w_all.end(), w[size_t(i)].begin(), w[size_t(i)].begin() + widths[i] * w_stride);
@@ -160,9 +170,11 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
     for (int i = 0; i < 3; ++i) {
       w_d.push_back(to_device(w[size_t(i)]));
       y_d.emplace_back(size_t(c.t * (widths[i] + 5)) * 4);
+      y_d.back().poison();
     }
     for (int i = 0; i < 3; ++i)
       parts.push_back({w_d[size_t(i)].as(), widths[i], y_d[size_t(i)].as<float>(), widths[i] + 5});
+    if (mixed) parts[2].own_row_bytes = row_bytes(types[2]), parts[2].own_type = types[2];
   }
 
   GemmLanes lanes;
@@ -201,7 +213,7 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
       std::vector<double> ref, tol;
       std::vector<std::vector<float>> wdeq(static_cast<size_t>(n));
       for (int64_t r = 0; r < n; ++r) {
-        dequantize_row_reference(c.type, w[size_t(i)].data() + r * w_stride, wrow.data(), c.k);
+        dequantize_row_reference(types[i], w[size_t(i)].data() + r * row_bytes(types[i]), wrow.data(), c.k);
         wdeq[size_t(r)] = wrow;
       }
       for (int64_t j = 0; j < c.t; ++j)
@@ -233,11 +245,15 @@ INSTANTIATE_TEST_SUITE_P(
                       PartsCase{GgmlType::Q4_0, 37, 512, 3}, PartsCase{GgmlType::Q8_0, 100, 256, 3},
                       PartsCase{GgmlType::Q4_K, 17, 512, 2}, PartsCase{GgmlType::Q6_K, 37, 256, 1},
                       PartsCase{GgmlType::F16, 37, 512, 3, true}, PartsCase{GgmlType::BF16, 64, 256, 1, true},
-                      PartsCase{GgmlType::Q4_0, 100, 512, 1, true}, PartsCase{GgmlType::Q8_0, 17, 256, 3, true}),
+                      PartsCase{GgmlType::Q4_0, 100, 512, 1, true}, PartsCase{GgmlType::Q8_0, 17, 256, 3, true},
+                      PartsCase{GgmlType::Q4_K, 37, 512, 1, false, GgmlType::Q6_K},
+                      PartsCase{GgmlType::Q4_K, 100, 512, 1, true, GgmlType::Q6_K},
+                      PartsCase{GgmlType::Q6_K, 17, 256, 3, false, GgmlType::Q8_0}),
     [](const ::testing::TestParamInfo<PartsCase>& info) {
-      return std::string(type_name(info.param.type)) + "_t" + std::to_string(info.param.t) + "_k" +
-             std::to_string(info.param.k) + "_lanes" + std::to_string(info.param.lanes) +
-             (info.param.joined ? "_joined" : "");
+      const bool mixed = info.param.last_type != GgmlType::F32;
+      return std::string(type_name(info.param.type)) + (mixed ? "_" + std::string(type_name(info.param.last_type)) : "") +
+             "_t" + std::to_string(info.param.t) + "_k" + std::to_string(info.param.k) + "_lanes" +
+             std::to_string(info.param.lanes) + (info.param.joined ? "_joined" : "");
     });
 
 }  // namespace

@@ -316,7 +316,8 @@ TEST_F(CudaMoe, FfnAddEqualsFfnThenAdd) {
   }
 }
 
-// rmsnorm_moe_route (one kernel in fast decode) against the CPU backend's composed default
+// rmsnorm_moe_route (one kernel in fast decode; rmsnorm, the router product and moe_route in
+// prefill) against the CPU backend's composed default
 // (rmsnorm, matmul, moe_route) on the same data: normed and logits within f32 rounding,
 // the same experts (a near-tie within 1e-4 of the CPU's choice is accepted, at most one),
 // weights within 1e-4 relative. Run in a graph: the second step replays the first's
@@ -335,7 +336,7 @@ TEST_F(CudaMoe, NormRouteMatchesComposed) {
     CudaBackend g(graphed);
     const MoeRouteParams route{c.K, c.gating, c.gating == MoeGating::Softmax, 1.0f};
     const float eps = 1e-6f;
-    for (const int64_t T : {int64_t(1), int64_t(5)}) {
+    for (const int64_t T : {int64_t(1), int64_t(5), int64_t(40)}) {  // 40: prefill's ops
       const std::vector<float> nw = random_floats(rng_, size_t(c.D), 0.5f, 1.5f);
       const std::vector<float> router = random_floats(rng_, size_t(c.D * c.E), -0.1f, 0.1f);
       const std::vector<float> rb = random_floats(rng_, size_t(c.E), -0.5f, 0.5f);

@@ -171,12 +171,19 @@ class CudaBackend final : public Backend {
   struct RopeTable {
     uint64_t key = 0;
     std::unique_ptr<Buffer> buffer;
+    int64_t rows = 0;  // tokens the buffer holds
     bool current = false;
   };
   std::vector<RopeTable> rope_tables_;
+  std::vector<std::unique_ptr<Buffer>> retired_rope_tables_;
   const float* rope_table_for(const cuda::RopeArgs& rope, uint64_t key);
   bool record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                          const RopeParams& params, KvLayer& cache, const Tensor& slots, const cuda::HeadNorms& norms);
+  // Prefill: the head norms, rope and cache store as one rope_store_rows launch; false where
+  // it does not take the layout (nothing recorded then).
+  bool record_rope_store_rows(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                              const RopeParams& params, KvLayer& cache, const Tensor& slots,
+                              const cuda::HeadNorms& norms);
   // Prefill (cuda_backend_prefill.cpp): several weights over one x as gemm_parts; false
   // where it does not apply (the caller then runs the parts one by one).
   bool matmul_parts_prefill(const Tensor& x, std::span<const MatmulPart> parts);
@@ -187,6 +194,10 @@ class CudaBackend final : public Backend {
   // residual add went into them (else the caller adds).
   bool record_moe_ffn(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,
                       const GluParams& act, Tensor& out, Tensor* residual);
+  // Prefill router logits as one router_logits launch (f32 router rows); false: nothing
+  // recorded, the layout does not fit.
+  static bool prefill_router_enabled();
+  bool record_router_logits(const Tensor& x, const Tensor& router, const Tensor& bias, Tensor& logits);
   // Every expert on every token, for expert types the routed kernels refuse (gate and up of
   // different types).
   void moe_ffn_all_experts(const Tensor& x, const ExpertWeights& experts, const Tensor& ids, const Tensor& weights,

@@ -3,6 +3,8 @@
 // cache store run as one kernel (with the q/k head norms when the model has them) or inside
 // the q/k/v products' epilogue; attention picks the tensor-core prefill kernel, the split
 // decode kernel or the general one.
+#include <cstdlib>
+#include <string>
 #include <tuple>
 
 #include "backend/cuda/attention.h"
@@ -65,6 +67,16 @@ cuda::KvStoreArgs kv_store_args(const Tensor& k, const Tensor& v, KvLayer& cache
   return a;
 }
 
+// KILN_CUDA_PREFILL_ROPE_STORE=0: prefill runs the plain kernels (head norms, rope q, rope k,
+// kv_store) instead of one rope_store_rows launch (to measure what it saves).
+bool prefill_rope_store_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("KILN_CUDA_PREFILL_ROPE_STORE");
+    return !(env && std::string(env) == "0");
+  }();
+  return enabled;
+}
+
 }  // namespace
 
 void CudaBackend::rope(Tensor& x, const Tensor& positions, const RopeParams& p) {
@@ -83,9 +95,14 @@ void CudaBackend::kv_store(const Tensor& k, const Tensor& v, KvLayer& cache, con
 
 void CudaBackend::rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                                 const RopeParams& p, KvLayer& cache, const Tensor& slots) {
-  // Prefill measured faster with the three kernels (pp512 -4.7% with the fused one at T=512).
-  if (q_heads.ne[2] > kMatvecMaxTokens || !record_rope_store(q_heads, k_heads, v, positions, p, cache, slots, {}))
-    Backend::rope_kv_store(q_heads, k_heads, v, positions, p, cache, slots);
+  // Prefill: rope_store_rows (decode's rope_store, one block per 4 heads, measured 4.7% slower
+  // at T = 512 than the three plain kernels).
+  const bool decode = q_heads.ne[2] <= kMatvecMaxTokens;
+  const bool recorded =
+      decode ? record_rope_store(q_heads, k_heads, v, positions, p, cache, slots, {})
+             : !options_.exact && prefill_rope_store_enabled() &&
+                   record_rope_store_rows(q_heads, k_heads, v, positions, p, cache, slots, {});
+  if (!recorded) Backend::rope_kv_store(q_heads, k_heads, v, positions, p, cache, slots);
 }
 
 void CudaBackend::norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
@@ -93,15 +110,44 @@ void CudaBackend::norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Ten
                                      KvLayer& cache, const Tensor& slots) {
   cuda::HeadNorms norms;
   norms.eps = eps;
-  bool fits = q_heads.ne[2] <= kMatvecMaxTokens;
+  const bool decode = q_heads.ne[2] <= kMatvecMaxTokens;
+  bool fits = decode || (prefill_rope_store_enabled() && !options_.exact);
   for (auto [w, dst, heads] : {std::tuple{&q_norm, &norms.q, &q_heads}, std::tuple{&k_norm, &norms.k, &k_heads}}) {
     if (w->empty()) continue;
     require_f32(*w, "norm_rope_kv_store", "norm weight");
     fits = fits && w->elements() == heads->ne[0];
     *dst = w->as<float>();
   }
-  if (!fits || !record_rope_store(q_heads, k_heads, v, positions, p, cache, slots, norms))
-    Backend::norm_rope_kv_store(q_heads, k_heads, v, q_norm, k_norm, eps, positions, p, cache, slots);
+  const bool recorded = fits && (decode ? record_rope_store(q_heads, k_heads, v, positions, p, cache, slots, norms)
+                                        : record_rope_store_rows(q_heads, k_heads, v, positions, p, cache, slots,
+                                                                 norms));
+  if (!recorded) Backend::norm_rope_kv_store(q_heads, k_heads, v, q_norm, k_norm, eps, positions, p, cache, slots);
+}
+
+bool CudaBackend::record_rope_store_rows(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
+                                         const RopeParams& p, KvLayer& cache, const Tensor& slots,
+                                         const cuda::HeadNorms& norms) {
+  const Tensor k_rows = k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]});
+  const cuda::RopeArgs q = rope_args(q_heads, positions, p), k = rope_args(k_heads, positions, p);
+  const cuda::KvStoreArgs st = kv_store_args(k_rows, v, cache, slots);
+  // The table's pointer is known before it is written: check the layout with a stand-in
+  // so that a refused layout records nothing (not even the table).
+  const float* stand_in = q.x;
+  if (!cuda::rope_store_rows_refusal(q, k, st, stand_in, norms).empty()) return false;
+  // One table per positions buffer whatever the pass's token count (keyed without the
+  // shape): prompts of many lengths would otherwise leave a table each. Every pass uploads
+  // its positions first, which marks the table stale, so each pass computes its own rows.
+  Sig table_key(Op::Rope);
+  table_key.v(positions.data).v(positions.dtype).v(true);
+  hash_rope(table_key, p, q);
+  const float* angles = rope_table_for(q, table_key.h.value);
+  Sig sig(Op::KvStore);
+  sig.t(q_heads).t(k_heads).t(v).t(positions).t(cache.k).t(cache.v).t(slots).v(norms.q).v(norms.k).v(norms.eps);
+  sig.v(angles);
+  hash_rope(sig, p, q);
+  record(sig.h, q.n_tokens, [=](cudaStream_t s) { return cuda::rope_store_rows(q, k, st, angles, norms, s); },
+         norms.q || norms.k ? "norm_rope_kv_store" : "rope_kv_store");
+  return true;
 }
 
 // One rope_store launch (decode), or, without head norms and right after the q/k/v

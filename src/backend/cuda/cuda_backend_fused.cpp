@@ -250,8 +250,16 @@ const float* CudaBackend::rope_table_for(const cuda::RopeArgs& rope, uint64_t ke
   for (RopeTable& t : rope_tables_)
     if (t.key == key) entry = &t;
   if (!entry) {
-    rope_tables_.push_back({key, allocate(size_t(cuda_fused::kMaxTokens) * size_t(rope.n_rot) * sizeof(float)), false});
+    rope_tables_.push_back({key, nullptr, 0, false});
     entry = &rope_tables_.back();
+  }
+  // Rows for a decode batch, or for every token of a prefill pass (rope_store_rows). A
+  // smaller table is kept alive: captured decode graphs may still write it.
+  const int64_t rows = rope.n_tokens > cuda_fused::kMaxTokens ? rope.n_tokens : cuda_fused::kMaxTokens;
+  if (entry->rows < rows) {
+    if (entry->buffer) retired_rope_tables_.push_back(std::move(entry->buffer));
+    entry->buffer = allocate(size_t(rows) * size_t(rope.n_rot) * sizeof(float));
+    entry->rows = rows, entry->current = false;
   }
   auto* table = static_cast<float*>(entry->buffer->data());
   if (!entry->current) {

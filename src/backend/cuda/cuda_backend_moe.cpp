@@ -3,12 +3,15 @@
 // then the routed kernels of moe.h (indexed matvecs for a few tokens and in exact mode,
 // grouped GEMMs for many), recorded like every other op so that decode passes replay as
 // graphs.
+#include <cstdlib>
 #include <initializer_list>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_checks.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops_extra.h"
+#include "backend/cuda/router_logits.h"
 
 namespace kiln {
 
@@ -99,7 +102,59 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
       return;
     }
   }
+  // Prefill with KILN_CUDA_PREFILL_ROUTER=1: the norm (taking a pending residual add), the
+  // router's logits in f32 by router_logits, the routing. Off by default: on the H200 it has
+  // not yet beaten cuBLAS's SGEMM (23.4 us against 20.3 per Qwen3-30B-A3B layer at T = 512,
+  // docs/perf-notes-moe.md), so prefill runs the three plain ops.
+  if (!options_.exact && T > kMoeRouteMaxTokens && prefill_router_enabled()) {
+    rmsnorm(x, norm_weight, eps, normed);
+    if (record_router_logits(normed, router, router_bias, logits)) return moe_route(logits, params, ids, weights);
+    matmul(normed, router, router_bias, logits);
+    return moe_route(logits, params, ids, weights);
+  }
   Backend::rmsnorm_moe_route(x, norm_weight, eps, normed, router, router_bias, params, logits, ids, weights);
+}
+
+// KILN_CUDA_PREFILL_ROUTER=1: the prefill router product by router_logits (default: cuBLAS).
+bool CudaBackend::prefill_router_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("KILN_CUDA_PREFILL_ROUTER");
+    return env && std::string(env) == "1";
+  }();
+  return enabled;
+}
+
+bool CudaBackend::record_router_logits(const Tensor& x, const Tensor& router, const Tensor& bias, Tensor& logits) {
+  const bool f32_rows = router.dtype == GgmlType::F32 && router.device == Device::Cuda && router.ne[2] == 1 &&
+                        router.ne[3] == 1 && x.dtype == GgmlType::F32 && x.nb[0] == 4 && x.device == Device::Cuda &&
+                        logits.dtype == GgmlType::F32 && logits.nb[0] == 4 && logits.device == Device::Cuda &&
+                        cuda_ops::even_stride(x) >= 0 && cuda_ops::even_stride(logits) >= 0 &&
+                        router.ne[0] == x.ne[0] && logits.ne[0] == router.ne[1] && logits.rows() == x.rows() &&
+                        router.nb[1] % 4 == 0 &&
+                        (bias.empty() || (bias.dtype == GgmlType::F32 && bias.device == Device::Cuda &&
+                                          bias.elements() == router.ne[1]));
+  if (!f32_rows) return false;
+  cuda::RouterLogitsArgs a;
+  a.x = x.as<float>(), a.x_stride = cuda_ops::even_stride(x);
+  a.router = router.as<float>(), a.router_stride = int64_t(router.nb[1] / 4);
+  a.bias = bias.empty() ? nullptr : bias.as<float>();
+  a.logits = logits.as<float>(), a.logits_stride = cuda_ops::even_stride(logits);
+  a.n_tokens = x.rows(), a.n_expert = router.ne[1], a.k = x.ne[0];
+  // KILN_CUDA_ROUTER_PLACEMENT=0 / 1 / 2: the default cluster policy / spread (the default,
+  // fastest measured) / one block per SM (see router_logits.h). The same bits whichever.
+  static const cuda::RouterPlacement placement = [] {
+    const char* env = std::getenv("KILN_CUDA_ROUTER_PLACEMENT");
+    const int v = env ? std::atoi(env) : 1;
+    return v == 0 ? cuda::RouterPlacement::Default : v == 1 ? cuda::RouterPlacement::Spread
+                                                            : cuda::RouterPlacement::OnePerSm;
+  }();
+  a.placement = placement;
+  if (!cuda::router_logits_refusal(a).empty()) return false;
+  cuda_ops::Sig sig(Op::Matmul);
+  sig.t(x).t(router).t(bias).t(logits);
+  sig.v(a.placement);
+  record(sig.h, a.n_tokens, [=](cudaStream_t s) { return cuda::router_logits(a, s); }, "router_logits");
+  return true;
 }
 
 void CudaBackend::moe_ffn(const Tensor& x, const ExpertWeights& ex, const Tensor& ids, const Tensor& weights,

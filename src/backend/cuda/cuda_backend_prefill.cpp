@@ -78,6 +78,12 @@ bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPa
     const int n = env ? std::atoi(env) : 1;
     return n < 1 ? 1 : n > cuda::kMaxGemmLanes ? cuda::kMaxGemmLanes : n;
   }();
+  // KILN_CUDA_PREFILL_MIXED_PARTS=0: quantized parts of different types (Q4_K_M's q4_K q/k
+  // and q6_K v) run as separate products, each rounding x again.
+  static const bool mixed_enabled = [] {
+    const char* env = std::getenv("KILN_CUDA_PREFILL_MIXED_PARTS");
+    return !(env && std::string(env) == "0");
+  }();
   const int64_t K = x.ne[0], T = x.ne[1];
   if (!enabled || options_.exact || T < kMinTokens || parts.size() < 2 ||
       parts.size() > size_t(cuda::kMaxGemmLanes) || !packed_rows(x))
@@ -85,18 +91,24 @@ bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPa
   const Tensor& w0 = *parts[0].w;
   const GgmlType type = w0.dtype;
   if (type == GgmlType::F32 || !cuda::gemm_supports(type)) return false;
+  auto quantized = [](GgmlType t) { return t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16; };
   for (const MatmulPart& p : parts) {
     KILN_CHECK(p.w && p.out, "cuda matmul_parts: a part lacks its weight or output");
     const Tensor& w = *p.w;
     const Tensor& out = *p.out;
-    if (w.dtype != type || w.device != Device::Cuda || w.ne[0] != K || w.ne[2] != 1 || w.ne[3] != 1 ||
-        w.nb[1] != w0.nb[1] || !packed_rows(out) || out.ne[0] != w.ne[1] || out.ne[1] != T)
+    const bool same = w.dtype == type && w.nb[1] == w0.nb[1];
+    const bool mixes = mixed_enabled && quantized(type) && quantized(w.dtype) && cuda::gemm_supports(w.dtype);
+    if (!(same || mixes) || w.device != Device::Cuda || w.ne[0] != K || w.ne[2] != 1 || w.ne[3] != 1 ||
+        !packed_rows(out) || out.ne[0] != w.ne[1] || out.ne[1] != T)
       return false;
   }
 
   std::vector<cuda::GemmPart> gp;
-  for (const MatmulPart& p : parts)
-    gp.push_back({p.w->data, p.w->ne[1], p.out->as<float>(), int64_t(p.out->nb[1] / 4)});
+  for (const MatmulPart& p : parts) {
+    cuda::GemmPart g{p.w->data, p.w->ne[1], p.out->as<float>(), int64_t(p.out->nb[1] / 4)};
+    if (p.w->dtype != type || p.w->nb[1] != w0.nb[1]) g.own_row_bytes = int64_t(p.w->nb[1]), g.own_type = p.w->dtype;
+    gp.push_back(g);
+  }
   cuda::GemmPartsArgs a;
   a.type = type, a.w_row_bytes = int64_t(w0.nb[1]), a.k = K;
   a.x = x.as<float>(), a.x_stride = int64_t(x.nb[1] / 4), a.t = T;

@@ -63,6 +63,11 @@ Status round_x(const float* x, int64_t x_stride, int64_t t, int64_t k, OutType h
   return dequantize_rows(xc, stream);
 }
 
+GgmlType part_type(const GemmPartsArgs& a, const GemmPart& p) { return p.own_row_bytes ? p.own_type : a.type; }
+int64_t part_row_bytes(const GemmPartsArgs& a, const GemmPart& p) {
+  return p.own_row_bytes ? p.own_row_bytes : a.w_row_bytes;
+}
+
 Status cuda_status(cudaError_t e, const char* what) {
   return e == cudaSuccess ? Status() : Status::from_cuda(e, std::string("gemm_parts: ") + what);
 }
@@ -162,10 +167,13 @@ Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch,
     return Status::invalid("gemm_parts: no parts, or lanes without streams, handles or events");
   // Each part's shape, strides and pointers as gemm() checks them.
   for (const GemmPart& p : a.parts) {
-    const TypeTraits& tr = traits(a.type);
+    if (p.own_row_bytes && (!is_quantized(a.type) || !is_quantized(p.own_type) || !gemm_supports(p.own_type)))
+      return Status::invalid("gemm_parts: a part of its own type " + std::string(type_name(p.own_type)) +
+                             " among " + std::string(type_name(a.type)) + " parts (only quantized types mix)");
+    const TypeTraits& tr = traits(part_type(a, p));
     if (p.n <= 0 || a.k <= 0 || a.t <= 0 || a.k % tr.block_size != 0 || p.n > 0x7fffffff || a.k > 0x7fffffff ||
         a.t > 0x7fffffff || !p.w || !p.y || !a.x || a.x_stride < a.k || p.y_stride < p.n ||
-        a.w_row_bytes < a.k / tr.block_size * int64_t(tr.type_size) ||
+        part_row_bytes(a, p) < a.k / tr.block_size * int64_t(tr.type_size) ||
         (!is_quantized(a.type) && a.w_row_bytes % tr.type_size != 0))
       return Status::invalid("gemm_parts: part of " + std::to_string(p.n) + " rows (k " + std::to_string(a.k) +
                              ", t " + std::to_string(a.t) + ") has a bad shape, stride or pointer");
@@ -197,9 +205,9 @@ Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch,
       continue;
     }
     DequantArgs wd;
-    wd.type = a.type;
+    wd.type = part_type(a, p);
     wd.src = p.w;
-    wd.src_row_bytes = a.w_row_bytes;
+    wd.src_row_bytes = part_row_bytes(a, p);
     wd.rows = p.n;
     wd.cols = a.k;
     wd.dst = slab;

@@ -53,7 +53,8 @@ size_t gemm_scratch_bytes(const GemmArgs& args, int64_t slab_rows = 0);
 // gemm() binds it to `stream`. Quantized weights go in slabs of as many rows as fit.
 Status gemm(const GemmArgs& args, cublasHandle_t blas, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
-// Several weights of one type and width over the same X (q/k/v, gate/up):
+// Several weights of one width over the same X (q/k/v, gate/up), of one type or, quantized,
+// of several (GemmPart::own_type):
 //
 //   Y_i[t][n] = sum_k X[t][k] * W_i[n][k]
 //
@@ -67,6 +68,10 @@ struct GemmPart {
   int64_t n = 0;
   float* y = nullptr;       // t rows of n, row j at y + j * y_stride
   int64_t y_stride = 0;
+  // Quantized parts may each have their own type (Q4_K_M's q/k in q4_K, v in q6_K): the slab
+  // is bf16 whatever the source. 0: the args' type and row bytes.
+  int64_t own_row_bytes = 0;
+  GgmlType own_type = GgmlType::F32;
 };
 
 // Joined parts: where every part's weight rows follow the previous part's in memory (as the
@@ -77,7 +82,7 @@ struct GemmPart {
 // 6144 rows does not. Same inputs and rounding, so the same result up to the order of the
 // f32 accumulation that the chosen algorithm uses.
 struct GemmPartsArgs {
-  GgmlType type = GgmlType::BF16;  // not f32 (those take gemm())
+  GgmlType type = GgmlType::BF16;  // not f32 (those take gemm()); parts' own types: quantized only
   int64_t w_row_bytes = 0, k = 0;
   const float* x = nullptr;
   int64_t x_stride = 0, t = 0;

@@ -54,6 +54,14 @@ inline Status rope_constants(const RopeArgs& a, RopeConstants* c) {
   return Status();
 }
 
+// Whether q and k rotate by the same angles (one table, or one computation, serves both).
+inline bool same_rotation(const RopeArgs& q, const RopeArgs& k) {
+  return q.positions == k.positions && q.n_tokens == k.n_tokens && q.n_rot == k.n_rot && q.neox == k.neox &&
+         q.freq_base == k.freq_base && q.freq_scale == k.freq_scale && q.freq_factors == k.freq_factors &&
+         q.ext_factor == k.ext_factor && q.attn_factor == k.attn_factor && q.beta_fast == k.beta_fast &&
+         q.beta_slow == k.beta_slow && q.n_ctx_orig == k.n_ctx_orig && q.yarn_truncate == k.yarn_truncate;
+}
+
 __device__ inline float yarn_ramp(float low, float high, int i0) {
   const float y = (float(i0 / 2) - low) / fmaxf(0.001f, high - low);
   return 1.0f - fminf(1.0f, fmaxf(0.0f, y));

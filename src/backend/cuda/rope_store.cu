@@ -93,12 +93,8 @@ Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& st, c
   detail::RopeConstants c;
   if (Status s = detail::rope_constants(q, &c); !s.ok()) return s;
   if (Status s = detail::rope_constants(k, &c); !s.ok()) return s;
-  const bool same_rope = q.positions == k.positions && q.n_tokens == k.n_tokens && q.n_rot == k.n_rot &&
-                         q.neox == k.neox && q.freq_base == k.freq_base && q.freq_scale == k.freq_scale &&
-                         q.freq_factors == k.freq_factors && q.ext_factor == k.ext_factor &&
-                         q.attn_factor == k.attn_factor && q.beta_fast == k.beta_fast && q.beta_slow == k.beta_slow &&
-                         q.n_ctx_orig == k.n_ctx_orig && q.yarn_truncate == k.yarn_truncate;
-  if (!same_rope) return Status::invalid("rope_store: q and k must share positions and rope parameters");
+  if (!detail::same_rotation(q, k))
+    return Status::invalid("rope_store: q and k must share positions and rope parameters");
   if (k.head_stride != k.head_dim || st.k != k.x || st.k_stride != k.token_stride ||
       st.k_width != k.n_heads * k.head_dim || st.n_tokens != k.n_tokens || !st.slots || !st.v)
     return Status::invalid("rope_store: k must be packed heads, the same rows as the store's keys");

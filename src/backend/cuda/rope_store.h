@@ -5,6 +5,8 @@
 // k and, rounded for an f16 cache, into the cache.
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_extra.h"
 #include "backend/cuda/status.h"
@@ -25,6 +27,15 @@ struct HeadNorms {
 };
 Status rope_store(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store, cudaStream_t stream,
                   const float* angles = nullptr, const HeadNorms& norms = {});
+
+// Prefill (many tokens): the same as rope_store() with the angles of a rope_table, one warp
+// per head row of q and k (loaded in 16-byte pieces, normed and rotated in registers) or per
+// 128 values of v, 8 rows a block (rope_store_rows.cu). Takes head_dim 64, 128 or 256, packed
+// heads, n_rot <= head_dim, rows 16-byte aligned (8 bytes for head_dim 64): see the refusal.
+std::string rope_store_rows_refusal(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store,
+                                    const float* angles, const HeadNorms& norms);
+Status rope_store_rows(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& store, const float* angles,
+                       const HeadNorms& norms, cudaStream_t stream);
 
 // The rotation angles of every token of a batch, computed once per pass for all layers that
 // rope with these parameters (the q/k/v products' epilogue reads them; see PairEpilogue):
