@@ -127,6 +127,10 @@ void CudaBackend::norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Ten
 bool CudaBackend::record_rope_store_rows(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                                          const RopeParams& p, KvLayer& cache, const Tensor& slots,
                                          const cuda::HeadNorms& norms) {
+  // Heads packed per token only: q/k/v as column ranges of one buffer (the joined prefill
+  // products, prefers_joined_parts) take the plain kernels, which were run that way on a GPU;
+  // this kernel reads strided tokens too, but has not been run with them.
+  if (!k_heads.is_contiguous()) return false;
   const Tensor k_rows = k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]});
   const cuda::RopeArgs q = rope_args(q_heads, positions, p), k = rope_args(k_heads, positions, p);
   const cuda::KvStoreArgs st = kv_store_args(k_rows, v, cache, slots);
@@ -156,6 +160,7 @@ bool CudaBackend::record_rope_store_rows(Tensor& q_heads, Tensor& k_heads, const
 bool CudaBackend::record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                                     const RopeParams& p, KvLayer& cache, const Tensor& slots,
                                     const cuda::HeadNorms& norms) {
+  if (!k_heads.is_contiguous()) return false;  // decode passes never take the joined layout
   const Tensor k_rows = k_heads.reshape({k_heads.ne[0] * k_heads.ne[1], k_heads.ne[2]});
   const cuda::RopeArgs q = rope_args(q_heads, positions, p), k = rope_args(k_heads, positions, p);
   const cuda::KvStoreArgs st = kv_store_args(k_rows, v, cache, slots);
