@@ -219,6 +219,29 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The A registers of one 32-column step's two 16-column products, from a lane's 8 decoded
+// values of rows g (v0) and g + 8 (v1) of its warp's 16 (the K permutation of gemm_tile_v6).
+__device__ __forceinline__ void pack_a_step(const float* v0, const float* v1, uint32_t (&lo)[4], uint32_t (&hi)[4]) {
+  lo[0] = pack_bf16x2(v0[0], v0[1]), lo[1] = pack_bf16x2(v1[0], v1[1]);
+  lo[2] = pack_bf16x2(v0[2], v0[3]), lo[3] = pack_bf16x2(v1[2], v1[3]);
+  hi[0] = pack_bf16x2(v0[4], v0[5]), hi[1] = pack_bf16x2(v1[4], v1[5]);
+  hi[2] = pack_bf16x2(v0[6], v0[7]), hi[3] = pack_bf16x2(v1[6], v1[7]);
+}
+
+// acc[j] += the step's products with the first n_tiles 8-token n-tiles; b holds the step's
+// token rows (32 bf16 each, in the same permutation) b_pitch elements apart.
+__device__ __forceinline__ void mma_step_tokens(float (&acc)[kNTiles][4], const uint32_t (&lo)[4],
+                                                const uint32_t (&hi)[4], const uint16_t* b, int b_pitch,
+                                                int n_tiles, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) {
+    if (j >= n_tiles) break;  // the same for the whole block
+    const uint4 bj = *reinterpret_cast<const uint4*>(b + (8 * j + g) * b_pitch + 8 * t);
+    mma_bf16_16x8x16(acc[j], lo, bj.x, bj.y);
+    mma_bf16_16x8x16(acc[j], hi, bj.z, bj.w);
+  }
+}
+
 // As gemm_tile, for the first n_tokens activation rows; ends with the block's products in
 // shared memory as c[token * kLdC + row] (returned), every thread past a barrier.
 template <typename W, int kLdB, typename Act>
@@ -279,19 +302,10 @@ __device__ __forceinline__ float* gemm_tile_v6(uint8_t* smem, const uint8_t* con
       float v0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, v1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (row0) decode8_staged<W>(stage + r0 * C::kPitch, head0, s * kTileK + 8 * t, v0);
       if (row1) decode8_staged<W>(stage + r1 * C::kPitch, head1, s * kTileK + 8 * t, v1);
-      // A registers of the two 16-column products (see the permutation above).
-      const uint32_t a_lo[4] = {pack_bf16x2(v0[0], v0[1]), pack_bf16x2(v1[0], v1[1]), pack_bf16x2(v0[2], v0[3]),
-                                pack_bf16x2(v1[2], v1[3])};
-      const uint32_t a_hi[4] = {pack_bf16x2(v0[4], v0[5]), pack_bf16x2(v1[4], v1[5]), pack_bf16x2(v0[6], v0[7]),
-                                pack_bf16x2(v1[6], v1[7])};
+      uint32_t a_lo[4], a_hi[4];  // the A registers of the two 16-column products
+      pack_a_step(v0, v1, a_lo, a_hi);
       __syncthreads();  // step sub's B tile is complete
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-        if (j >= n_tiles) break;  // the same for the whole block
-        const uint4 b = *reinterpret_cast<const uint4*>(b_tile + (8 * j + g) * kLdB + 8 * t);
-        mma_bf16_16x8x16(acc[j], a_lo, b.x, b.y);
-        mma_bf16_16x8x16(acc[j], a_hi, b.z, b.w);
-      }
+      mma_step_tokens(acc, a_lo, a_hi, b_tile, kLdB, n_tiles, g, t);
     }
   }
   cp_async_wait<0>();

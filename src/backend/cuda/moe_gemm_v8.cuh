@@ -166,21 +166,13 @@ struct Q6kLane {
   }
 };
 
-// A registers of the two 16-column products of one step from rows r0 (v0) and r1 (v1) (the
-// K permutation of gemm_tile_v6).
+// The products of one step from rows r0 (v0) and r1 (v1); b_step holds the step's token rows
+// unpadded (kTileK apart).
 __device__ __forceinline__ void v8_products(float (&acc)[kNTiles][4], const float* v0, const float* v1,
                                             const uint16_t* b_step, int n_tiles, int g, int t) {
-  const uint32_t a_lo[4] = {pack_bf16x2(v0[0], v0[1]), pack_bf16x2(v1[0], v1[1]), pack_bf16x2(v0[2], v0[3]),
-                            pack_bf16x2(v1[2], v1[3])};
-  const uint32_t a_hi[4] = {pack_bf16x2(v0[4], v0[5]), pack_bf16x2(v1[4], v1[5]), pack_bf16x2(v0[6], v0[7]),
-                            pack_bf16x2(v1[6], v1[7])};
-#pragma unroll
-  for (int j = 0; j < kNTiles; ++j) {
-    if (j >= n_tiles) break;  // the same for the whole block
-    const uint4 b = *reinterpret_cast<const uint4*>(b_step + (8 * j + g) * kTileK + 8 * t);
-    mma_bf16_16x8x16(acc[j], a_lo, b.x, b.y);
-    mma_bf16_16x8x16(acc[j], a_hi, b.z, b.w);
-  }
+  uint32_t a_lo[4], a_hi[4];
+  pack_a_step(v0, v1, a_lo, a_hi);
+  mma_step_tokens(acc, a_lo, a_hi, b_step, kTileK, n_tiles, g, t);
 }
 
 // One step of a q4_K chunk: step pair kStep / 2's quants are loaded at even steps; sub-block

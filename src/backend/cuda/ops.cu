@@ -66,21 +66,17 @@ __global__ void __launch_bounds__(kThreads) rmsnorm_kernel(RmsNormArgs a) {
   }
 }
 
-// Many rows (prefill) of dim = kSteps * 1024, 16-byte aligned, no int8 copy: each thread
-// holds its 4 * kSteps values in registers, so a row is read once with 16-byte loads (the
-// general kernel reads it twice, 4 bytes at a time; 18 us for an add_rmsnorm of 512 x 4096,
-// ~2x its bandwidth floor).
-template <int kSteps>
-__global__ void __launch_bounds__(kRowThreads) rmsnorm_rows_vec_kernel(RmsNormArgs a) {
-  begin_chained_kernel();
-  const int64_t r = blockIdx.x;
+// A thread's kSteps float4 of row r, element groups i = s * kStride + t (a block of kStride
+// threads, or a warp with kStride = 32), with the residual added (and stored back) when
+// there is one; returns the thread's sum of squares (the block- and warp-per-row kernels).
+template <int kSteps, int kStride>
+__device__ __forceinline__ float load_row_part(const RmsNormArgs& a, int64_t r, int t, float4 (&v)[kSteps]) {
   const float4* x = reinterpret_cast<const float4*>(a.x + r * a.x_stride);
   float4* h = a.residual ? reinterpret_cast<float4*>(a.residual + r * a.residual_stride) : nullptr;
-  float4 v[kSteps];
   float sum_sq = 0.0f;
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
-    const int i = s * kRowThreads + int(threadIdx.x);
+    const int i = s * kStride + t;
     v[s] = x[i];
     if (h) {
       const float4 hv = h[i];
@@ -92,12 +88,18 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_rows_vec_kernel(RmsNormAr
     sum_sq = fmaf(v[s].z, v[s].z, sum_sq);
     sum_sq = fmaf(v[s].w, v[s].w, sum_sq);
   }
-  const float inv = rsqrtf(block_sum<kRowThreads>(sum_sq) / float(a.dim) + a.eps);
+  return sum_sq;
+}
+
+// y = v * inv (* weight) for the same element groups as load_row_part.
+template <int kSteps, int kStride>
+__device__ __forceinline__ void store_normed_row_part(const RmsNormArgs& a, int64_t r, int t, const float4 (&v)[kSteps],
+                                                      float inv) {
   float4* y = reinterpret_cast<float4*>(a.y + r * a.y_stride);
   const float4* w = reinterpret_cast<const float4*>(a.weight);
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
-    const int i = s * kRowThreads + int(threadIdx.x);
+    const int i = s * kStride + t;
     float4 out = make_float4(__fmul_rn(v[s].x, inv), __fmul_rn(v[s].y, inv), __fmul_rn(v[s].z, inv),
                              __fmul_rn(v[s].w, inv));
     if (w) {
@@ -106,6 +108,20 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_rows_vec_kernel(RmsNormAr
     }
     y[i] = out;
   }
+}
+
+// Many rows (prefill) of dim = kSteps * 1024, 16-byte aligned, no int8 copy: each thread
+// holds its 4 * kSteps values in registers, so a row is read once with 16-byte loads (the
+// general kernel reads it twice, 4 bytes at a time; 18 us for an add_rmsnorm of 512 x 4096,
+// ~2x its bandwidth floor).
+template <int kSteps>
+__global__ void __launch_bounds__(kRowThreads) rmsnorm_rows_vec_kernel(RmsNormArgs a) {
+  begin_chained_kernel();
+  const int64_t r = blockIdx.x;
+  float4 v[kSteps];
+  const float sum_sq = load_row_part<kSteps, kRowThreads>(a, r, int(threadIdx.x), v);
+  const float inv = rsqrtf(block_sum<kRowThreads>(sum_sq) / float(a.dim) + a.eps);
+  store_normed_row_part<kSteps, kRowThreads>(a, r, int(threadIdx.x), v, inv);
 }
 
 // Short rows (head norms: dim 128 or 256, one row per head and token, often 16K rows in a
@@ -121,38 +137,10 @@ __global__ void __launch_bounds__(kRowThreads) rmsnorm_warp_rows_kernel(RmsNormA
   const int64_t r = int64_t(blockIdx.x) * kWarpRowsPerBlock + threadIdx.x / kWarpSize;
   if (r >= a.rows) return;  // whole warps: nothing below synchronizes the block
   const int lane = int(threadIdx.x % kWarpSize);
-  const float4* x = reinterpret_cast<const float4*>(a.x + r * a.x_stride);
-  float4* h = a.residual ? reinterpret_cast<float4*>(a.residual + r * a.residual_stride) : nullptr;
   float4 v[kSteps];
-  float sum_sq = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    const int i = s * kWarpSize + lane;
-    v[s] = x[i];
-    if (h) {
-      const float4 hv = h[i];
-      v[s] = make_float4(hv.x + v[s].x, hv.y + v[s].y, hv.z + v[s].z, hv.w + v[s].w);
-      h[i] = v[s];
-    }
-    sum_sq = fmaf(v[s].x, v[s].x, sum_sq);
-    sum_sq = fmaf(v[s].y, v[s].y, sum_sq);
-    sum_sq = fmaf(v[s].z, v[s].z, sum_sq);
-    sum_sq = fmaf(v[s].w, v[s].w, sum_sq);
-  }
+  const float sum_sq = load_row_part<kSteps, kWarpSize>(a, r, lane, v);
   const float inv = rsqrtf(warp_sum(sum_sq) / float(a.dim) + a.eps);
-  float4* y = reinterpret_cast<float4*>(a.y + r * a.y_stride);
-  const float4* w = reinterpret_cast<const float4*>(a.weight);
-#pragma unroll
-  for (int s = 0; s < kSteps; ++s) {
-    const int i = s * kWarpSize + lane;
-    float4 out = make_float4(__fmul_rn(v[s].x, inv), __fmul_rn(v[s].y, inv), __fmul_rn(v[s].z, inv),
-                             __fmul_rn(v[s].w, inv));
-    if (w) {
-      const float4 wv = w[i];
-      out = make_float4(__fmul_rn(out.x, wv.x), __fmul_rn(out.y, wv.y), __fmul_rn(out.z, wv.z), __fmul_rn(out.w, wv.w));
-    }
-    y[i] = out;
-  }
+  store_normed_row_part<kSteps, kWarpSize>(a, r, lane, v, inv);
 }
 
 // Whether the 16-byte loads of the row kernels can read and write these rows: aligned bases
