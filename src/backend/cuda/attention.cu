@@ -5,28 +5,14 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/attention_kernel.cuh"
 
 namespace kiln::cuda {
 namespace {
 
-// Measurement switches, read once: KILN_CUDA_ATTN_CLUSTER=0 (no cluster merge: the second
-// kernel merges every split), KILN_CUDA_ATTN_PREFETCH=0 (no L2 prefetch before the wait).
-bool switched_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, "0") == 0;
-}
-
 int64_t round_up_32(int64_t n) { return (n + 31) / 32 * 32; }
 
-// A measurement knob read once: the integer in `name`, or `fallback` when unset or not a number.
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return *end == '\0' && n >= 0 && n <= (1 << 20) ? int(n) : fallback;
-}
 
 bool valid_shape(const DecodeAttentionArgs& a) {
   return a.n_seq > 0 && a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 && a.max_context > 0;
@@ -67,7 +53,8 @@ DecodeAttentionPlan ranges_of(int heads, int64_t span, int64_t keys, int64_t min
 // Thread block clusters need sm_90 (the current device's, asked once).
 bool decode_attention_clusters_available() {
   static const bool available = [] {
-    if (switched_off("KILN_CUDA_ATTN_CLUSTER")) return false;
+    // KILN_CUDA_ATTN_CLUSTER=0: no cluster merge (the second kernel merges every split).
+    if (env_is("KILN_CUDA_ATTN_CLUSTER", "0")) return false;
     int device = 0, major = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
@@ -95,7 +82,7 @@ bool decode_attention_clusters_available() {
 //    combine_kernel (this beat ranges sized to fill waves of an assumed 3 blocks per SM).
 DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& a) {
   constexpr int kShortPlanSplits = 8;
-  static const bool prefetch = !switched_off("KILN_CUDA_ATTN_PREFETCH");
+  static const bool prefetch = !env_is("KILN_CUDA_ATTN_PREFETCH", "0");  // L2 prefetch before the wait
   // Knobs for measuring (KILN_CUDA_ATTN_WIDE_SPAN=0 turns the wide regime off).
   static const int wide_span = env_int("KILN_CUDA_ATTN_WIDE_SPAN", 256);
   static const int wide_heads = std::clamp(env_int("KILN_CUDA_ATTN_WIDE_HEADS", 1), 1, kMaxWideHeads);

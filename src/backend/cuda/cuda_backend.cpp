@@ -1,5 +1,6 @@
 // The CUDA backend's memory: device buffers, the one-time weight upload through pinned
 // staging, per-step uploads and downloads, and the sync points that flush recorded ops.
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -46,13 +47,10 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   KILN_CHECK(options.device >= 0 && size_t(options.device) < devices.size(),
              "cuda backend: device {} does not exist ({} found)", options.device, devices.size());
   device_sms_ = devices[size_t(options.device)].multiprocessors;
-  if (const char* env = std::getenv("KILN_CUDA_FUSED"); env && std::string(env) == "0") options_.fused = false;
-  if (const char* env = std::getenv("KILN_CUDA_MIXED_PARTS"); env && std::string(env) == "0")
-    options_.mixed_parts = false;
-  if (const char* env = std::getenv("KILN_CUDA_PREFILL_JOIN"); env && std::string(env) == "0")
-    options_.joined_parts = false;
-  if (const char* env = std::getenv("KILN_CUDA_PREFILL_GLU_HALF"); env && std::string(env) == "0")
-    options_.glu_half_input = false;
+  if (cuda::env_is("KILN_CUDA_FUSED", "0")) options_.fused = false;
+  if (cuda::env_is("KILN_CUDA_MIXED_PARTS", "0")) options_.mixed_parts = false;
+  if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
+  if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
   check(cudaSetDevice(options.device), "cudaSetDevice");
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuda backend: cublasCreate failed");

@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_checks.h"
@@ -70,10 +71,7 @@ cuda::KvStoreArgs kv_store_args(const Tensor& k, const Tensor& v, KvLayer& cache
 // KILN_CUDA_PREFILL_ROPE_STORE=0: prefill runs the plain kernels (head norms, rope q, rope k,
 // kv_store) instead of one rope_store_rows launch (to measure what it saves).
 bool prefill_rope_store_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("KILN_CUDA_PREFILL_ROPE_STORE");
-    return !(env && std::string(env) == "0");
-  }();
+  static const bool enabled = !cuda::env_is("KILN_CUDA_PREFILL_ROPE_STORE", "0");
   return enabled;
 }
 

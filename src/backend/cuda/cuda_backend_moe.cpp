@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_checks.h"
 #include "backend/cuda/moe.h"
@@ -117,10 +118,7 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
 
 // KILN_CUDA_PREFILL_ROUTER=1: the prefill router product by router_logits (default: cuBLAS).
 bool CudaBackend::prefill_router_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("KILN_CUDA_PREFILL_ROUTER");
-    return env && std::string(env) == "1";
-  }();
+  static const bool enabled = cuda::env_is("KILN_CUDA_PREFILL_ROUTER", "1");
   return enabled;
 }
 
@@ -143,8 +141,7 @@ bool CudaBackend::record_router_logits(const Tensor& x, const Tensor& router, co
   // KILN_CUDA_ROUTER_PLACEMENT=0 / 1 / 2: the default cluster policy / spread (the default,
   // fastest measured) / one block per SM (see router_logits.h). The same bits whichever.
   static const cuda::RouterPlacement placement = [] {
-    const char* env = std::getenv("KILN_CUDA_ROUTER_PLACEMENT");
-    const int v = env ? std::atoi(env) : 1;
+    const int v = cuda::env_int("KILN_CUDA_ROUTER_PLACEMENT", 1);
     return v == 0 ? cuda::RouterPlacement::Default : v == 1 ? cuda::RouterPlacement::Spread
                                                             : cuda::RouterPlacement::OnePerSm;
   }();

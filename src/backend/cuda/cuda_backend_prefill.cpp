@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/glu_half.h"
@@ -69,21 +70,11 @@ bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPa
   using namespace cuda_prefill;
   // KILN_CUDA_PREFILL_PARTS=0: parts one by one (to measure what this saves);
   // KILN_CUDA_PREFILL_LANES=n: n streams (1: all products on the pass's stream).
-  static const bool enabled = [] {
-    const char* env = std::getenv("KILN_CUDA_PREFILL_PARTS");
-    return !(env && std::string(env) == "0");
-  }();
-  static const int lane_count = [] {
-    const char* env = std::getenv("KILN_CUDA_PREFILL_LANES");
-    const int n = env ? std::atoi(env) : 1;
-    return n < 1 ? 1 : n > cuda::kMaxGemmLanes ? cuda::kMaxGemmLanes : n;
-  }();
+  static const bool enabled = !cuda::env_is("KILN_CUDA_PREFILL_PARTS", "0");
+  static const int lane_count = std::clamp(cuda::env_int("KILN_CUDA_PREFILL_LANES", 1), 1, cuda::kMaxGemmLanes);
   // KILN_CUDA_PREFILL_MIXED_PARTS=0: quantized parts of different types (Q4_K_M's q4_K q/k
   // and q6_K v) run as separate products, each rounding x again.
-  static const bool mixed_enabled = [] {
-    const char* env = std::getenv("KILN_CUDA_PREFILL_MIXED_PARTS");
-    return !(env && std::string(env) == "0");
-  }();
+  static const bool mixed_enabled = !cuda::env_is("KILN_CUDA_PREFILL_MIXED_PARTS", "0");
   const int64_t K = x.ne[0], T = x.ne[1];
   if (!enabled || options_.exact || T < kMinTokens || parts.size() < 2 ||
       parts.size() > size_t(cuda::kMaxGemmLanes) || !packed_rows(x))

@@ -1,4 +1,5 @@
 // Timed algorithm choice for the prefill products through cuBLASLt (see gemm_lt.h).
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/gemm_lt.h"
 
 #include <cublasLt.h>
@@ -16,10 +17,7 @@ constexpr int kCandidates = 8;
 constexpr int kTimedRuns = 3;
 
 bool tuning_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("KILN_CUDA_GEMM_TUNE");
-    return !(env && std::string(env) == "0");
-  }();
+  static const bool on = !env_is("KILN_CUDA_GEMM_TUNE", "0");
   return on;
 }
 

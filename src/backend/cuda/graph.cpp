@@ -1,3 +1,4 @@
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/graph.h"
 
 #include <cstdint>
@@ -19,8 +20,7 @@ constexpr size_t kMaxGraphs = 256;  // distinct graphs kept (step shapes x piece
 // launches and gaps between pieces cost more than the overlap saved; docs/perf-notes.md).
 size_t piece_ops() {
   static const size_t n = [] {
-    const char* env = std::getenv("KILN_CUDA_GRAPH_PIECES");
-    const long v = env ? std::strtol(env, nullptr, 10) : 0;
+    const int v = env_int("KILN_CUDA_GRAPH_PIECES", 0);
     return v > 0 ? size_t(v) : SIZE_MAX;
   }();
   return n;
@@ -45,10 +45,8 @@ bool skipped_by_request(const char* op) {
 
 StepGraphs::StepGraphs(cudaStream_t stream, bool enabled, int max_tokens)
     : stream_(stream), enabled_(enabled), max_tokens_(max_tokens) {
-  const char* env = std::getenv("KILN_CUDA_STEP_TIMING");
-  timing_ = env && std::string(env) == "1";
-  const char* ops_env = std::getenv("KILN_CUDA_OP_TIMING");
-  op_timing_ = ops_env ? std::atoi(ops_env) : 0;
+  timing_ = env_is("KILN_CUDA_STEP_TIMING", "1");
+  op_timing_ = env_int("KILN_CUDA_OP_TIMING", 0);
   if (timing_)
     for (EventPair& p : timers_) {
       cudaEventCreate(&p.start);

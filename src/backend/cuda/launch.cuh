@@ -12,13 +12,12 @@
 #include <cstring>
 #include <utility>
 
+#include "backend/cuda/env_switch.h"
+
 namespace kiln::cuda {
 
 inline bool chained_launches_enabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("KILN_CUDA_PDL");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
+  static const bool enabled = !env_is("KILN_CUDA_PDL", "0");
   return enabled;
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/matvec_grouped_kernel.cuh"
 
 namespace kiln::cuda {
@@ -12,10 +13,8 @@ namespace detail {
 
 int grouped_one_stage_mode() {
   static const int mode = [] {
-    const char* v = std::getenv("KILN_CUDA_GROUPED_ONE_STAGE");
-    if (v && std::strcmp(v, "0") == 0) return 0;
-    if (v && std::strcmp(v, "2") == 0) return 2;
-    return 1;
+    const int v = env_int("KILN_CUDA_GROUPED_ONE_STAGE", 1);
+    return v == 0 || v == 2 ? v : 1;
   }();
   return mode;
 }

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_gemm_v8.cuh"
 
@@ -374,10 +375,7 @@ template <typename W>
 constexpr bool kV8ThreeStagesFit = V8Layout<W, 3>::kTotal <= 227 * 1024 - 4096;
 
 bool v8_three_stages() {
-  static const bool three = [] {
-    const char* env = std::getenv("KILN_CUDA_MOE_V8_STAGES");
-    return !(env && std::string(env) == "2");
-  }();
+  static const bool three = !env_is("KILN_CUDA_MOE_V8_STAGES", "2");
   return three;
 }
 
@@ -447,9 +445,8 @@ Status launch_tile_gemms(int version, const MoeFfnArgs& a, const Routing& rt, Bf
 // v4, v6 and v7 stay selectable for A/B.
 int moe_gemm_default_version() {
   static const int version = [] {
-    const char* env = std::getenv("KILN_CUDA_MOE_PREFILL_V");
-    const std::string v = env ? env : "";
-    return v == "4" ? 4 : v == "6" ? 6 : v == "7" ? 7 : 8;
+    const int v = env_int("KILN_CUDA_MOE_PREFILL_V", 8);
+    return v == 4 || v == 6 || v == 7 ? v : 8;
   }();
   return version;
 }

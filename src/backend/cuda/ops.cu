@@ -5,6 +5,7 @@
 #include <numbers>
 #include <string>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/glu_math.cuh"
 #include "backend/cuda/launch.cuh"
@@ -155,10 +156,7 @@ bool rows_vectorizable(const RmsNormArgs& a) {
 // The warp kernel's steps for these arguments, or 0 when it does not apply (or when
 // KILN_CUDA_NORM_WARP_ROWS=0, read once, for measuring).
 int rmsnorm_warp_steps(const RmsNormArgs& a) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("KILN_CUDA_NORM_WARP_ROWS");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool enabled = !env_is("KILN_CUDA_NORM_WARP_ROWS", "0");
   if (!enabled || a.dim % (kWarpSize * 4) != 0 || a.dim > kMaxWarpRowSteps * kWarpSize * 4 || !rows_vectorizable(a)) return 0;
   return int(a.dim / (kWarpSize * 4));
 }

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/prefill_attention_common.cuh"
 
 namespace kiln::cuda {
@@ -293,10 +294,7 @@ Status launch_v6(const PrefillAttentionArgs& a, cudaStream_t stream) {
 // The version when the arguments name none: v8, or v6 with KILN_CUDA_PREFILL_ATTN_V=6 (for
 // measurements side by side). Read once.
 int default_version() {
-  static const int version = [] {
-    const char* v = std::getenv("KILN_CUDA_PREFILL_ATTN_V");
-    return v && std::strcmp(v, "6") == 0 ? 6 : 8;
-  }();
+  static const int version = env_int("KILN_CUDA_PREFILL_ATTN_V", 8) == 6 ? 6 : 8;
   return version;
 }
 

@@ -7,6 +7,7 @@
 #if KILN_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/env_switch.h"
 #endif
 
 namespace kiln {
@@ -33,7 +34,7 @@ std::unique_ptr<Backend> make_backend(std::string_view device, const BackendOpti
     c.exact = o.exact;
     c.graphs = o.cuda_graphs;
     // KILN_CUDA_GRAPHS=0 turns step graphs off (for measuring what they save).
-    if (const char* env = std::getenv("KILN_CUDA_GRAPHS"); env && std::string(env) == "0") c.graphs = false;
+    if (cuda::env_is("KILN_CUDA_GRAPHS", "0")) c.graphs = false;
     c.progress = o.upload_progress;
     return std::make_unique<CudaBackend>(c);
 #else
