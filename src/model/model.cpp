@@ -98,9 +98,9 @@ ForwardPass Model::begin_pass(const Batch& batch, KvCache& cache, bool tokens_on
   }
   const int64_t n_out = int64_t(host_rows_.size());
 
-  ForwardPass pass{backend_, hp_, weights_, cache, scratch_, hook_};
-  pass.n_tokens = n;
-  pass.n_outputs = n_out;
+  ForwardPass pass{.backend = backend_, .hp = hp_, .w = weights_, .cache = cache, .scratch_pool = scratch_,
+                   .hook = hook_, .n_tokens = n, .n_outputs = n_out, .tokens = {}, .output_rows = {}, .index = {},
+                   .logits = {}};
   auto upload_i32 = [&](const char* name, const int32_t* data, int64_t count) {
     Tensor t = pass.scratch(name, std::max<int64_t>(count, 1), 1, GgmlType::I32).reshape({std::max<int64_t>(count, 1)});
     if (count > 0 && data) backend_.upload(data, t, size_t(count) * sizeof(int32_t));
