@@ -1,7 +1,7 @@
 #pragma once
 // What the CUDA benchmark programs share: exit-on-error checks, a fast generator for
 // hundreds of MB of random weights, random weight rows of any type with finite scales (as
-// the tests make them), and the median of timing samples.
+// the tests make them), the median of timing samples and the graph-replay timer.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "backend/cuda/status.h"
@@ -82,6 +83,36 @@ inline std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t 
 inline float median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Microseconds per call: `batch` calls of launch(i) captured into a graph, replayed 3 times
+// to warm up, then `samples` times between events; the median replay over batch.
+inline double time_graph(cudaStream_t s, int batch, int samples, const std::function<void(int)>& launch) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int i = 0; i < batch; ++i) launch(i);
+  check(cudaStreamEndCapture(s, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(exec, s), "graph launch");
+  std::vector<float> ms;
+  for (int i = 0; i < samples; ++i) {
+    cudaEventRecord(a, s);
+    check(cudaGraphLaunch(exec, s), "graph launch");
+    cudaEventRecord(b, s);
+    check(cudaEventSynchronize(b), "replay");
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return double(median(ms)) * 1000.0 / batch;
 }
 
 }  // namespace kiln::bench

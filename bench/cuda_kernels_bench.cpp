@@ -61,37 +61,7 @@ struct Rotation {
   void* operator[](size_t i) const { return copies[i % copies.size()]; }
 };
 
-// Microseconds per call: `batch` calls of launch(i) captured into a graph, replayed
-// `samples` times between events after warm-up; the median replay over batch.
-double time_graph(cudaStream_t s, int batch, int samples, const std::function<void(int)>& launch) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-  for (int i = 0; i < batch; ++i) launch(i);
-  check(cudaStreamEndCapture(s, &graph), "end capture");
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(exec, s), "graph launch");
-  std::vector<float> ms;
-  for (int i = 0; i < samples; ++i) {
-    cudaEventRecord(a, s);
-    cudaGraphLaunch(exec, s);
-    cudaEventRecord(b, s);
-    check(cudaEventSynchronize(b), "replay");
-    float t = 0;
-    cudaEventElapsedTime(&t, a, b);
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return double(median(ms)) * 1000.0 / batch;
-}
-
-// The same, launching directly (for cuBLAS calls, which are long enough).
+// As time_graph (cuda_bench_util.h), launching directly (for cuBLAS calls, which are long enough).
 double time_direct(cudaStream_t s, int batch, int samples, const std::function<void(int)>& launch) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);

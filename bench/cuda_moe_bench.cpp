@@ -115,32 +115,15 @@ void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
     const size_t need = moe_matvec_scratch_bytes(a, false);
     void* scratch = nullptr;
     check(cudaMalloc(&scratch, need), "scratch");
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
-    for (int i = 0; i < kBatch; ++i) {
+    const double us = time_graph(s, kBatch, 30, [&](int i) {
       MoeFfnArgs b = a;
       b.ids = ids[size_t(i)];
       check(moe_ffn_matvec(b, false, scratch, need, s), "moe_ffn_matvec");
-    }
-    check(cudaStreamEndCapture(s, &graph), "end capture");
-    check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-    for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(exec, s), "replay");
-    std::vector<float> ms;
-    for (int i = 0; i < 30; ++i) {
-      cudaEventRecord(e0, s);
-      check(cudaGraphLaunch(exec, s), "replay");
-      cudaEventRecord(e1, s);
-      check(cudaEventSynchronize(e1), "sync");
-      float t = 0;
-      cudaEventElapsedTime(&t, e0, e1);
-      ms.push_back(t);
-    }
-    const double us = median(ms) * 1000.0 / kBatch;
+    });
     const double bytes = touched / kBatch * expert_bytes;
     std::printf("%-10s decode T=%-3lld %8.1f us  %6.0f GB/s of %.1f MB routed experts (floor %.1f us at 4.2 TB/s)\n",
                 name.c_str(), (long long)T, us, bytes / us * 1e-3, bytes * 1e-6, bytes / 4.2e6);
-    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph), cudaFree(scratch);
+    cudaFree(scratch);
     for (const int32_t* p : ids) cudaFree(const_cast<int32_t*>(p));
   }
 

@@ -43,34 +43,6 @@ struct DeviceMemory {
   DeviceMemory& operator=(const DeviceMemory&) = delete;
 };
 
-double time_graph(cudaStream_t s, int batch, int samples, const PrefillAttentionArgs& a) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-  for (int i = 0; i < batch; ++i) check(prefill_attention(a, s), "prefill_attention");
-  check(cudaStreamEndCapture(s, &graph), "end capture");
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t t0, t1;
-  cudaEventCreate(&t0);
-  cudaEventCreate(&t1);
-  for (int i = 0; i < 3; ++i) check(cudaGraphLaunch(exec, s), "graph launch");
-  std::vector<float> ms;
-  for (int i = 0; i < samples; ++i) {
-    cudaEventRecord(t0, s);
-    check(cudaGraphLaunch(exec, s), "graph launch");
-    cudaEventRecord(t1, s);
-    check(cudaEventSynchronize(t1), "replay");
-    float t = 0;
-    cudaEventElapsedTime(&t, t0, t1);
-    ms.push_back(t);
-  }
-  cudaEventDestroy(t0);
-  cudaEventDestroy(t1);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return double(median(ms)) * 1000.0 / batch;
-}
-
 void run(const Shape& sh, cudaStream_t stream, int profile_version) {
   constexpr int D = 128, kBlock = 16;
   const int n_keys = sh.first_position + sh.n_tokens, n_blocks = (n_keys + kBlock - 1) / kBlock;
@@ -126,7 +98,7 @@ void run(const Shape& sh, cudaStream_t stream, int profile_version) {
     a.version = versions[i];
     a.out = static_cast<float*>(out_d.p);
     check(cudaMemset(a.out, 0xFF, q.size() * 4), "poison out");
-    us[i] = time_graph(stream, 20, 15, a);
+    us[i] = time_graph(stream, 20, 15, [&](int) { check(prefill_attention(a, stream), "prefill_attention"); });
     out[i].resize(q.size());
     check(cudaMemcpy(out[i].data(), a.out, q.size() * 4, cudaMemcpyDeviceToHost), "download out");
   }
