@@ -48,6 +48,16 @@ __device__ __forceinline__ int warp_sum_int(int v) {
   return v;
 }
 
+// Two floats rounded to bf16 (nearest even) as one 32-bit word, lo in the low half; eight
+// as one 16-byte word (for a single 16-byte store).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
+  return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+}
+
 // IEEE half / bfloat16 bit patterns (low 16 bits of `bits`) to float; both exact.
 __device__ __forceinline__ float half_to_float(uint32_t bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits & 0xffffu)));

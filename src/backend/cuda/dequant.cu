@@ -26,16 +26,7 @@ template <>
 struct Store<OutType::BF16> {
   using T = __nv_bfloat16;
   __device__ static T convert(float v) { return __float2bfloat16_rn(v); }
-  __device__ static void store8(T* p, const float* v) {
-    uint4 u;
-    uint32_t* w = reinterpret_cast<uint32_t*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-      w[i] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-    *reinterpret_cast<uint4*>(p) = u;
-  }
+  __device__ static void store8(T* p, const float* v) { *reinterpret_cast<uint4*>(p) = detail::pack_bf16x8(v); }
 };
 template <>
 struct Store<OutType::F16> {

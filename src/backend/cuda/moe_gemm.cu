@@ -105,10 +105,7 @@ struct GatheredX {
     const int tok = threadIdx.x / 8, col = (threadIdx.x % 8) * 4;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(v[i].x, v[i].y), hi = __floats2bfloat162_rn(v[i].z, v[i].w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      const uint2 packed = make_uint2(pack_bf16x2(v[i].x, v[i].y), pack_bf16x2(v[i].z, v[i].w));
       *reinterpret_cast<uint2*>(b_tile + (tok + 32 * i) * pitch + col) = packed;
     }
   }

@@ -26,17 +26,6 @@ constexpr int kLdC = kTileRows + 4;
 
 using Bf16 = __nv_bfloat16;
 
-__device__ __forceinline__ uint4 pack_bf16x8(const float* v) {
-  uint4 u;
-  uint32_t* w = reinterpret_cast<uint32_t*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    w[i] = *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  return u;
-}
-
 // ---- the tile engine ---------------------------------------------------------------------
 // Raw weight bytes travel in chunks of kK columns (one K-quant super-block, or 4 blocks of
 // 32) per row, copied with 16-byte asynchronous copies one chunk ahead; each chunk is then
@@ -50,7 +39,6 @@ struct RawChunk {
   static constexpr int kBytes = IsPlain<W>::value ? kK * W::kBytes : kK / W::kElems * W::kBytes;
   // The chunk's bytes behind up to 15 bytes of misalignment, in whole 16-byte pieces.
   static constexpr int kPitch = (kBytes + 15 + 15) / 16 * 16;
-  static constexpr int kPieces = kPitch / 16;
 };
 
 // Dynamic shared memory: [2 raw stages][A tile][B tile]; the f32 results alias the stages.
@@ -63,6 +51,35 @@ struct GemmLayout {
   static constexpr int kBBytes = kTileTokens * kLdK * 2;
   static constexpr int kTotal = kRawBytes + kABytes + kBBytes;
 };
+
+// Bytes [offset, offset + bytes) of each of kRows weight rows (a null row is skipped) into
+// `stage`, rows kPitch bytes apart: each row's bytes behind its misalignment (up to 15
+// bytes: GGUF blocks are only byte-aligned), in 16-byte asynchronous copies shared out over
+// the kThreads threads of the block. Commits nothing.
+template <int kRows, int kThreads, int kPitch>
+__device__ __forceinline__ void copy_row_chunks(uint8_t* stage, const uint8_t* const* rows, int64_t offset, int bytes) {
+  constexpr int kPieces = kPitch / 16;
+  for (int i = threadIdx.x; i < kRows * kPieces; i += kThreads) {
+    const int r = i / kPieces, piece = i % kPieces;
+    if (!rows[r]) continue;
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(rows[r] + offset);
+    if (piece * 16 >= int(addr & 15) + bytes) continue;
+    cp_async_16(stage + r * kPitch + 16 * piece, reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
+  }
+}
+
+// Chunk c of every tile row into `stage` (v4, v6 / v7); always commits a group, also past
+// the last chunk (nothing to copy then). A row's chunk c starts at rows[r] + c * kBytes.
+template <typename W>
+__device__ __forceinline__ void issue_raw_chunk(uint8_t* stage, const uint8_t* const* rows, int64_t K, int64_t c) {
+  using C = RawChunk<W>;
+  if (c * C::kK < K) {
+    const int64_t cols = min64(C::kK, K - c * C::kK);
+    const int bytes = IsPlain<W>::value ? int(cols) * W::kBytes : int(cols / W::kElems) * W::kBytes;
+    copy_row_chunks<kTileRows, kGemmThreads, C::kPitch>(stage, rows, c * C::kBytes, bytes);
+  }
+  cp_async_commit();
+}
 
 using AccFrag = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
 
@@ -120,27 +137,7 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
   const int tid = threadIdx.x;
   const int64_t n_chunks = (K + C::kK - 1) / C::kK;
 
-  auto chunk_bytes = [&](int64_t c) {
-    const int64_t cols = min64(C::kK, K - c * C::kK);
-    return IsPlain<W>::value ? int(cols) * W::kBytes : int(cols / W::kElems) * W::kBytes;
-  };
-  auto chunk_src = [&](int r, int64_t c) {  // first byte of chunk c of tile row r
-    return rows[r] + c * (IsPlain<W>::value ? int64_t(C::kK) * W::kBytes : int64_t(C::kK / W::kElems) * W::kBytes);
-  };
-  auto issue = [&](int64_t c) {
-    if (c < n_chunks) {
-      const int bytes = chunk_bytes(c);
-      uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
-      for (int i = tid; i < kTileRows * C::kPieces; i += kGemmThreads) {
-        const int r = i / C::kPieces, piece = i % C::kPieces;
-        if (!rows[r]) continue;
-        const uintptr_t addr = reinterpret_cast<uintptr_t>(chunk_src(r, c));
-        if (piece * 16 >= int(addr & 15) + bytes) continue;
-        cp_async_16(stage + r * C::kPitch + 16 * piece, reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
-      }
-    }
-    cp_async_commit();
-  };
+  auto issue = [&](int64_t c) { issue_raw_chunk<W>(raw + int(c % 2) * L::kStageBytes, rows, K, c); };
 
   // This thread decodes rows a_row and a_row + 64, 8 columns at a_col of each sub-step.
   const int a_row = tid / 4, a_col = (tid % 4) * 8;
@@ -159,7 +156,7 @@ __device__ __forceinline__ void gemm_tile(uint8_t* smem, const uint8_t* const* r
         const int r = a_row + 64 * half;
         float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (rows[r]) {
-          const int head = int(reinterpret_cast<uintptr_t>(chunk_src(r, c)) & 15);
+          const int head = int(reinterpret_cast<uintptr_t>(rows[r] + c * C::kBytes) & 15);
           decode8_staged<W>(stage + r * C::kPitch, head, s * kTileK + a_col, v);
         }
         *reinterpret_cast<uint4*>(a_tile + r * kLdK + a_col) = pack_bf16x8(v);
@@ -205,11 +202,6 @@ struct GemmLayoutV6 {
 
 constexpr int kNTiles = kTileTokens / 8;
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
 // d += a * b for one 16 x 8 x 16 piece (bf16 operands, f32 accumulators).
 __device__ __forceinline__ void mma_bf16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -254,24 +246,9 @@ __device__ __forceinline__ float* gemm_tile_v6(uint8_t* smem, const uint8_t* con
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int g = lane / 4, t = lane % 4;
   const int64_t n_chunks = (K + C::kK - 1) / C::kK;
-  const int64_t chunk_stride = IsPlain<W>::value ? int64_t(C::kK) * W::kBytes : int64_t(C::kK / W::kElems) * W::kBytes;
   const int n_tiles = (n_tokens + 7) / 8;
 
-  auto issue = [&](int64_t c) {
-    if (c < n_chunks) {
-      const int64_t cols = min64(C::kK, K - c * C::kK);
-      const int bytes = IsPlain<W>::value ? int(cols) * W::kBytes : int(cols / W::kElems) * W::kBytes;
-      uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
-      for (int i = tid; i < kTileRows * C::kPieces; i += kGemmThreads) {
-        const int r = i / C::kPieces, piece = i % C::kPieces;
-        if (!rows[r]) continue;
-        const uintptr_t addr = reinterpret_cast<uintptr_t>(rows[r] + c * chunk_stride);
-        if (piece * 16 >= int(addr & 15) + bytes) continue;
-        cp_async_16(stage + r * C::kPitch + 16 * piece, reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
-      }
-    }
-    cp_async_commit();
-  };
+  auto issue = [&](int64_t c) { issue_raw_chunk<W>(raw + int(c % 2) * L::kStageBytes, rows, K, c); };
 
   // This lane's two weight rows: g and g + 8 of the warp's 16.
   const int r0 = 16 * warp + g, r1 = r0 + 8;
@@ -290,8 +267,8 @@ __device__ __forceinline__ float* gemm_tile_v6(uint8_t* smem, const uint8_t* con
     cp_async_wait<1>();
     __syncthreads();  // chunk c is in shared memory for every thread
     const uint8_t* stage = raw + int(c % 2) * L::kStageBytes;
-    const int head0 = row0 ? int(reinterpret_cast<uintptr_t>(row0 + c * chunk_stride) & 15) : 0;
-    const int head1 = row1 ? int(reinterpret_cast<uintptr_t>(row1 + c * chunk_stride) & 15) : 0;
+    const int head0 = row0 ? int(reinterpret_cast<uintptr_t>(row0 + c * C::kBytes) & 15) : 0;
+    const int head1 = row1 ? int(reinterpret_cast<uintptr_t>(row1 + c * C::kBytes) & 15) : 0;
     const int subs = int(min64(C::kK, K - c * C::kK) / kTileK);
     for (int s = 0; s < subs; ++s, ++sub) {
       // B buffer sub % 2 was last read by the products of step sub - 2, which every thread

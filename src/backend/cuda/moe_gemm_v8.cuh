@@ -249,7 +249,7 @@ template <typename W, int kStages>
 __device__ __forceinline__ float* gemm_tile_v8(uint8_t* smem, const uint8_t* const* rows, const Bf16* const* act,
                                                int64_t K, int n_tokens) {
   using L = V8Layout<W, kStages>;
-  constexpr int kPitch = V8Weights<W>::kPitch, kPieces = kPitch / 16;
+  constexpr int kPitch = V8Weights<W>::kPitch;
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int64_t n_chunks = K / kV8Chunk;
   const int n_tiles = (n_tokens + 7) / 8;
@@ -257,13 +257,7 @@ __device__ __forceinline__ float* gemm_tile_v8(uint8_t* smem, const uint8_t* con
   auto issue = [&](int64_t c) {
     if (c < n_chunks) {
       uint8_t* stage = smem + int(c % kStages) * L::kStageBytes;
-      for (int i = tid; i < kV8Rows * kPieces; i += kV8Threads) {
-        const int r = i / kPieces, piece = i % kPieces;
-        if (!rows[r]) continue;
-        const uintptr_t addr = reinterpret_cast<uintptr_t>(rows[r] + c * W::kBytes);
-        if (piece * 16 >= int(addr & 15) + W::kBytes) continue;
-        cp_async_16(stage + r * kPitch + 16 * piece, reinterpret_cast<const uint8_t*>((addr & ~uintptr_t(15)) + 16 * piece));
-      }
+      copy_row_chunks<kV8Rows, kV8Threads, kPitch>(stage, rows, c * W::kBytes, W::kBytes);
       // Token n's 256 columns as 32 pieces of 8: piece q -> step q / 4, columns 8 (q % 4).
       uint16_t* b = reinterpret_cast<uint16_t*>(stage + L::kRawBytes);
       for (int i = tid; i < kTileTokens * 32; i += kV8Threads) {
