@@ -1,18 +1,15 @@
 // Decode attention: argument checks, the split plan and the dispatch to the kernels of
 // attention_kernel.cuh (see attention.h for the contract).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/attention_kernel.cuh"
+#include "backend/cuda/env_switch.h"
 
 namespace kiln::cuda {
 namespace {
 
 int64_t round_up_32(int64_t n) { return (n + 31) / 32 * 32; }
-
 
 bool valid_shape(const DecodeAttentionArgs& a) {
   return a.n_seq > 0 && a.n_head > 0 && a.n_head_kv > 0 && a.n_head % a.n_head_kv == 0 && a.max_context > 0;

@@ -1,6 +1,5 @@
 // The CUDA backend's memory: device buffers, the one-time weight upload through pinned
 // staging, per-step uploads and downloads, and the sync points that flush recorded ops.
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 
 #include "backend/cuda/dequant.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/env_switch.h"
 #include "formats/gguf.h"
 
 namespace kiln {

@@ -3,14 +3,13 @@
 // cache store run as one kernel (with the q/k head norms when the model has them) or inside
 // the q/k/v products' epilogue; attention picks the tensor-core prefill kernel, the split
 // decode kernel or the general one.
-#include <cstdlib>
 #include <string>
 #include <tuple>
 
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_checks.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_extra.h"
 #include "backend/cuda/prefill_attention.h"

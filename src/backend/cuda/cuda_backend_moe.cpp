@@ -3,13 +3,12 @@
 // then the routed kernels of moe.h (indexed matvecs for a few tokens and in exact mode,
 // grouped GEMMs for many), recorded like every other op so that decode passes replay as
 // graphs.
-#include <cstdlib>
 #include <initializer_list>
 #include <string>
 
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_checks.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops_extra.h"
 #include "backend/cuda/router_logits.h"

@@ -17,12 +17,11 @@
 // activation is never written (CudaOptions::glu_half_input).
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/glu_half.h"
 

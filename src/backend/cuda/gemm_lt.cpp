@@ -1,14 +1,14 @@
 // Timed algorithm choice for the prefill products through cuBLASLt (see gemm_lt.h).
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/gemm_lt.h"
 
 #include <cublasLt.h>
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+
+#include "backend/cuda/env_switch.h"
 
 namespace kiln::cuda {
 namespace {

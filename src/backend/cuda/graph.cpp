@@ -1,4 +1,3 @@
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/graph.h"
 
 #include <cstdint>
@@ -7,6 +6,7 @@
 #include <string>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/env_switch.h"
 #include "core/error.h"
 
 namespace kiln::cuda {

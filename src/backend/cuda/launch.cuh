@@ -8,8 +8,6 @@
 // (ordinary launches), for measurements.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "backend/cuda/env_switch.h"

@@ -1,8 +1,6 @@
 // The grouped decode matvec for parts of one weight type: dispatch by type and width, the
 // shape checks and the public entry points of matvec_grouped.h (the kernel and its formats:
 // matvec_grouped_kernel.cuh).
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backend/cuda/env_switch.h"
@@ -45,7 +43,6 @@ int group_bytes_of(GgmlType type) {
   if (type == GgmlType::Q6_K) return GroupQ6_K::kGroupBytes;
   return GroupQ8_0::kGroupBytes;
 }
-
 
 }  // namespace detail
 

@@ -21,7 +21,6 @@
 // moe_gemm_v8.cuh (v8: q4_K and q6_K weights, 256 rows per block, activations as bf16 copied
 // with the weights; x is rounded to bf16 by one small launch first); MoeFfnArgs::gemm_version
 // picks one. The description above is v4's.
-#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/env_switch.h"

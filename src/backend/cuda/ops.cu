@@ -1,12 +1,11 @@
 // Small fused ops (see ops.h): one block per row or token, simple and exact-minded.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numbers>
 #include <string>
 
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/glu_math.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"

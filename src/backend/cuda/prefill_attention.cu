@@ -14,8 +14,6 @@
 // v6b: heavy and light query blocks paired on a multiprocessor (see block_order), masks only
 // on the tiles that cross the diagonal or a window edge, exp2 with log2(e) folded into the
 // scale, cache slots by shift and mask when the block size is a power of two.
-#include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "backend/cuda/env_switch.h"

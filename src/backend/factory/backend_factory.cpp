@@ -1,7 +1,5 @@
 #include "backend/backend_factory.h"
 
-#include <cstdlib>
-
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #if KILN_HAVE_CUDA
