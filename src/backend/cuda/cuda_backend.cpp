@@ -148,12 +148,21 @@ Tensor shaped_like(const gguf::TensorInfo& info) {
   }
 }
 
+// The device tensor for a file's weight, its data not yet placed: shape, type and name, and
+// a check that the file's byte count is what the shape needs.
+Tensor weight_like(const gguf::TensorInfo& info) {
+  Tensor t = shaped_like(info);
+  KILN_CHECK(t.bytes() == info.bytes, "tensor {}: {} bytes in the file, {} expected for {}", info.name, info.bytes,
+             t.bytes(), t.describe());
+  t.name = info.name;
+  t.device = Device::Cuda;
+  return t;
+}
+
 }  // namespace cuda_memory
 
 Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
-  Tensor t = cuda_memory::shaped_like(info);
-  KILN_CHECK(t.bytes() == info.bytes, "tensor {}: {} bytes in the file, {} expected for {}", info.name, info.bytes,
-             t.bytes(), t.describe());
+  Tensor t = cuda_memory::weight_like(info);
   void* p = nullptr;
   const cudaError_t e = cudaMalloc(&p, info.bytes + cuda_memory::kSlack);
   if (e != cudaSuccess)
@@ -162,8 +171,6 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
   device_allocations_.push_back(p);
   stage_upload(info.data, p, info.bytes);
   t.data = p;
-  t.device = Device::Cuda;
-  t.name = info.name;
   return t;
 }
 
@@ -176,12 +183,7 @@ std::vector<Tensor> CudaBackend::weights_side_by_side(std::span<const gguf::Tens
   std::vector<size_t> offsets;
   size_t total = 0;
   for (const gguf::TensorInfo* info : infos) {
-    Tensor t = cuda_memory::shaped_like(*info);
-    KILN_CHECK(t.bytes() == info->bytes, "tensor {}: {} bytes in the file, {} expected for {}", info->name,
-               info->bytes, t.bytes(), t.describe());
-    t.name = info->name;
-    t.device = Device::Cuda;
-    out.push_back(t);
+    out.push_back(cuda_memory::weight_like(*info));
     offsets.push_back(total);
     total += (info->bytes + 255) / 256 * 256;
   }
