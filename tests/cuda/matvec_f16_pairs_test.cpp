@@ -1,5 +1,6 @@
 // The 16-bit float matvec with a pair epilogue (matvec_half_parts with a PairEpilogue,
-// backend/cuda/matvec_f16_pairs.cu) against the same work done apart: the plain launch of
+// backend/cuda/matvec_f16_pairs.cu; the glu as two warps per pair unless
+// KILN_CUDA_HALF_GLU_SPLIT=0) against the same work done apart: the plain launch of
 // the products, then the glu() kernel, or rope_table() + rope_store(). Same inputs on both
 // sides, fresh random data per case, every output and the cache poisoned (NaN) first; the
 // products, activations, rotated rows and cache bytes must match bit for bit (the pair
@@ -83,7 +84,8 @@ void run_glu_case(const GluCase& c, std::mt19937_64& rng) {
   const std::vector<float> x = random_floats(rng, size_t(K), -1.5f, 1.5f);
   const DeviceBuffer x_d = to_device(x);
   const Weights wg = random_weights(rng, c.type, N, K), wu = random_weights(rng, c.type, N, K);
-  const std::vector<float> bg = random_floats(rng, size_t(N), -0.5f, 0.5f), bu = random_floats(rng, size_t(N), -0.5f, 0.5f);
+  const std::vector<float> bg = random_floats(rng, size_t(N), -0.5f, 0.5f);
+  const std::vector<float> bu = random_floats(rng, size_t(N), -0.5f, 0.5f);
   const DeviceBuffer bg_d = to_device(bg), bu_d = to_device(bu);
 
   // Side 0: one launch with the epilogue. Side 1: the products, then glu().
@@ -135,7 +137,8 @@ TEST(MatvecHalfPairs, GluEpilogueMatchesProductsThenGlu) {
       {GgmlType::BF16, 200, 37, GluKind::SwigluOai, ActAt::Apart, false},
       {GgmlType::F16, 1032, 999, GluKind::SwigluOai, ActAt::Gate, true},
       {GgmlType::BF16, 4096 + 40, 333, GluKind::GeluTanh, ActAt::Gate, false},
-      // More pairs than the grid has warps: each warp takes several.
+      // More pairs than the grid has warps (and warp pairs): each takes several, and the
+      // glu's hand-over slots alternate between rounds.
       {GgmlType::F16, 2048 + 8, 9001, GluKind::Silu, ActAt::Apart, true},
   };
   for (const GluCase& c : cases) run_glu_case(c, rng);

@@ -5,8 +5,8 @@
 // in f32 as an F32Input, RMS-normalized inside every block when norm_weight is set (the
 // normalized vector then written once to `normed`). Weights are multiplied as they are,
 // in f32 with f32 sums: no int8 activations. With a pair epilogue (matvec_grouped.h's
-// PairEpilogue: rope + cache store after q/k/v, or glu after gate/up) each warp takes a pair
-// of rows instead (matvec_f16_pairs.cu) and the op after the products runs in the launch.
+// PairEpilogue: rope + cache store after q/k/v, or glu after gate/up) rows are finished in
+// pairs instead (matvec_f16_pairs.cu) and the op after the products runs in the launch.
 //
 // x (normalized) lives in each block's shared memory as f32, 4 bytes per column, so at
 // most kMaxHalfMatvecCols columns.
@@ -29,7 +29,7 @@ bool matvec_half_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std
 // pair_epilogue_parts_fit, the angle table set for RopeStore, and for Glu token ep.token's
 // activation row (ep.glu.out + token * out_stride, gate's rows long) either exactly gate's or
 // up's output row, or overlapping none of the outputs, x and normed. Any width the kernel
-// takes: a warp walks both rows of its pair together, half a chunk of each.
+// takes.
 bool matvec_half_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const F32Input& in,
                            const PairEpilogue& ep);
 // y_i = W_i x' + add_i (and accumulate_i += y_i) for every part, x' = x or its RMS norm, and
