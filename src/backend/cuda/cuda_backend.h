@@ -46,7 +46,7 @@ struct CudaOptions {
   // Prefill: glu_matmul_add's glu writes the down product's half-precision input (no f32
   // activation written and read back). KILN_CUDA_PREFILL_GLU_HALF=0 runs glu + matmul_add.
   bool glu_half_input = true;
-  // f16 / bf16 decode: the op after the grouped products run in their launch's epilogue
+  // f16 / bf16 decode: which ops run in the epilogue of the grouped products before them
   // (matvec_f16_pairs.cu), bits of kHalfEpilogueRope (rope + cache store after q/k/v) and
   // kHalfEpilogueGlu (glu after gate/up). KILN_CUDA_HALF_EPILOGUE=N (0..3) sets it, 0: none.
   static constexpr int kHalfEpilogueRope = 1, kHalfEpilogueGlu = 2;
