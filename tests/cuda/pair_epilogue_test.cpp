@@ -2,8 +2,9 @@
 // CUDA backend, against the same ops recorded apart (a synchronize() between them records
 // the held products on their own), bit for bit: q, k, v, the normed input and both cache
 // slots; and the pass's table of rope angles followed when the positions change. Cases the
-// epilogue cannot take (NeoX rope, rows wider than 16 groups) must give the same values
-// through the unfused ops. recorded_ops() says whether the fusion ran. Q4_K_M's mix (q4_K
+// epilogue cannot take (NeoX rope, int8 rows wider than 16 groups, f16 q/k with a bf16 v)
+// must give the same values through the unfused ops. f16 / bf16 weights fuse through the
+// 16-bit kernel's pair launch at any width. recorded_ops() says whether the fusion ran. Q4_K_M's mix (q4_K
 // q/k, q6_K v) fuses through the two-format launch after rmsnorm (rmsnorm_matmul_parts) and
 // stays one launch per type after matmul_parts.
 #include <gtest/gtest.h>
@@ -47,6 +48,11 @@ TEST_F(PairEpilogues, QkvProductsThenRopeKvStoreMatchTheOpsApart) {
       {GgmlType::Q4_K, GgmlType::Q6_K, 2048, 64, 32, 8, 4, 8, RopeStyle::Normal, true, true},
       {GgmlType::Q4_K, GgmlType::Q6_K, 2048, 64, 64, 4, 2, 2, RopeStyle::Normal, false, false},  // per type
       {GgmlType::Q4_K, GgmlType::Q6_K, 6144, 128, 128, 4, 2, 1, RopeStyle::Normal, true, false},  // 24 groups
+      // f16 / bf16 weights: the 16-bit kernel's pairs, any width (CudaOptions::half_epilogues).
+      {GgmlType::F16, GgmlType::F16, 4096, 128, 128, 8, 2, 1, RopeStyle::Normal, true, true},
+      {GgmlType::BF16, GgmlType::BF16, 6144 + 8, 64, 32, 4, 2, 3, RopeStyle::Normal, false, true},
+      {GgmlType::F16, GgmlType::F16, 2048, 128, 128, 4, 1, 1, RopeStyle::Neox, true, false},
+      {GgmlType::F16, GgmlType::BF16, 1024, 64, 64, 4, 2, 1, RopeStyle::Normal, true, false},  // two launches
   };
   const int64_t n_slots = 40;
   for (GgmlType cache_type : {GgmlType::F32, GgmlType::F16}) {

@@ -46,6 +46,11 @@ struct CudaOptions {
   // Prefill: glu_matmul_add's glu writes the down product's half-precision input (no f32
   // activation written and read back). KILN_CUDA_PREFILL_GLU_HALF=0 runs glu + matmul_add.
   bool glu_half_input = true;
+  // f16 / bf16 decode: which ops run in the epilogue of the grouped products before them
+  // (matvec_f16_pairs.cu), bits of kHalfEpilogueRope (rope + cache store after q/k/v) and
+  // kHalfEpilogueGlu (glu after gate/up). KILN_CUDA_HALF_EPILOGUE=N (0..3) sets it, 0: none.
+  static constexpr int kHalfEpilogueRope = 1, kHalfEpilogueGlu = 2;
+  int half_epilogues = kHalfEpilogueRope | kHalfEpilogueGlu;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -146,20 +151,27 @@ class CudaBackend final : public Backend {
   void defer_add(const Tensor& out, Tensor& residual);
   // A decode launch of two or three grouped products (q/k/v, gate/up) is held back the same
   // way, because the op right after it may run in its epilogue (cuda_backend_fused.cpp):
-  // rope_kv_store after q/k/v (the rotation and the cache store), one kernel fewer.
+  // rope_kv_store after q/k/v (the rotation and the cache store), and for f16 / bf16
+  // weights glu after gate/up, one kernel fewer each.
   // pending_products_take says whether the held launch's outputs are `outs`, in order, and
   // whether it can take `ep`; fuse_into_pending_products then records it with that epilogue
-  // (which may write only the products' outputs and the cache). `after`: the int8 copy of x
-  // the launch leaves (or none).
+  // (which may write only the products' outputs, the cache and the glu's output). `after`:
+  // the int8 copy of x the launch leaves (or none); `half_input`: set for a launch of the
+  // f16 / bf16 kernel, its f32 input (token 0's).
   struct PendingProducts;
   struct QuantizedInput;  // below
   std::shared_ptr<PendingProducts> pending_products_;
   using ProductsLaunch = std::function<cuda::Status(cudaStream_t, const cuda::PairEpilogue&)>;
   void defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
-                      int64_t cols, ProductsLaunch launch, const QuantizedInput& after, const char* op);
+                      int64_t cols, ProductsLaunch launch, const QuantizedInput& after, const char* op,
+                      const cuda::F32Input* half_input = nullptr);
   bool pending_products_take(std::span<const Tensor* const> outs, const cuda::PairEpilogue& ep) const;
   void fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig, const char* op);
   void flush_pending_products();
+  // glu right after held f16 / bf16 gate/up products, written over gate's or up's rows: true
+  // where it went into their epilogue (recorded), false where nothing was recorded.
+  bool fuse_glu_into_products(const Tensor& gate, const Tensor& up, const cuda::GluArgs& glu,
+                              const cuda::SignatureHash& sig);
   // Records the held launch with `ep`; with `fused_sig`, its signature extended by that.
   void record_held_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash* fused_sig, const char* op);
   // At most one of the two is pending; this records it.

@@ -176,8 +176,8 @@ bool CudaBackend::record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tens
   ep.head_dim = int(q.head_dim), ep.n_rot = q.n_rot, ep.store = st;
   const Tensor* outs[] = {&q_heads, &k_heads, &v};
   const float* angles = rope_table_for(q, table_key.h.value);
+  ep.angles = angles;
   if (!norm && !q.neox && q.head_stride == q.head_dim && pending_products_take(outs, ep)) {
-    ep.angles = angles;
     fuse_into_pending_products(ep, sig.h, "qkv_rope_kv_store");
     return true;
   }

@@ -5,14 +5,14 @@
 //     (every block normalizes and quantizes x itself; no norm kernel runs before);
 //   - matmul_add: a product whose epilogue also adds it to the residual stream;
 //   - the launch of two or three parts is held back (PendingProducts) and takes the next op
-//     into its epilogue when it can: rope_kv_store after q/k/v.
+//     into its epilogue when it can: rope_kv_store after q/k/v; for f16 / bf16 weights also
+//     glu after gate/up (CudaOptions::half_epilogues).
 // Parts of different types run as one launch per type, each computing the norm again, except
 // in rmsnorm_matmul_parts the pair q4_K + q6_K (Q4_K_M's q/k with a q6_K v): one launch of
 // the two-format kernel, held back like a one-type launch. q4_0 / q8_0 / q4_K / q6_K weights go to the grouped int8
 // kernel (matvec_grouped.h), f16 / bf16 weights to the grouped 16-bit float kernel
-// (matvec_f16_grouped.h), which takes x in f32 and has no pair epilogue (its launches are
-// never held back). Anything neither takes (exact mode, other weight types, mixed widths)
-// runs as the composed ops of backend.h; prefill batches of matmul_parts go to
+// (matvec_f16_grouped.h), which takes x in f32. Anything neither takes (exact mode, other
+// weight types, mixed widths) runs as the composed ops of backend.h; prefill batches of matmul_parts go to
 // cuda_backend_prefill.cpp.
 #include <array>
 
@@ -146,8 +146,7 @@ void hash_parts(cuda::SignatureHash& h, std::span<const Backend::MatmulPart> par
   }
 }
 
-// The launch over f32 x for either kernel family (the int8 one quantizes x in every block;
-// only it runs pair epilogues).
+// The launch over f32 x for either kernel family (the int8 one quantizes x in every block).
 bool f32_parts_fit(GgmlType type, int64_t cols, int64_t w_row, std::span<const cuda::MatvecPart> parts,
                    const cuda::F32Input& in) {
   if (half_type(type)) return cuda::matvec_half_parts_fit(type, cols, w_row, parts, in);
@@ -156,9 +155,7 @@ bool f32_parts_fit(GgmlType type, int64_t cols, int64_t w_row, std::span<const c
 cuda::Status f32_parts(GgmlType type, int64_t cols, int64_t w_row, std::span<const cuda::MatvecPart> parts,
                        const cuda::F32Input& in, cudaStream_t s, const cuda::PairEpilogue& ep) {
   if (!half_type(type)) return cuda::matvec_f32_parts(type, cols, w_row, parts, in, s, ep);
-  if (ep.kind != cuda::PairEpilogueKind::None)
-    return cuda::Status::invalid("cuda matmul_parts: the f16 / bf16 grouped kernel has no pair epilogue");
-  return cuda::matvec_half_parts(type, cols, w_row, parts, in, s);
+  return cuda::matvec_half_parts(type, cols, w_row, parts, in, s, ep);
 }
 
 // Every part's type and row stride in call order (the two-format launch's view).
@@ -203,15 +200,19 @@ struct CudaBackend::PendingProducts {
   ProductsLaunch launch;           // per token, with the epilogue it is given
   QuantizedInput input_after;      // the int8 copy of x the launch leaves, or none
   const char* op = "";
+  bool half = false;               // f16 / bf16 weights: the pair kernel, over f32 x `in`
+  cuda::F32Input in;               // token 0's
 };
 
 void CudaBackend::defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
-                                 int64_t cols, ProductsLaunch launch, const QuantizedInput& after, const char* op) {
+                                 int64_t cols, ProductsLaunch launch, const QuantizedInput& after, const char* op,
+                                 const cuda::F32Input* half_input) {
   flush_pending();
   auto p = std::make_shared<PendingProducts>();
   p->sig = sig, p->tokens = tokens, p->parts = cuda_fused::grouped_parts(parts), p->cols = cols;
   for (size_t i = 0; i < parts.size(); ++i) p->outs[i] = *parts[i].out;
   p->launch = std::move(launch), p->input_after = after, p->op = op;
+  if (half_input) p->half = true, p->in = *half_input;
   pending_products_ = std::move(p);
   quantized_input_ = after;
 }
@@ -236,13 +237,35 @@ bool CudaBackend::pending_products_take(std::span<const Tensor* const> outs, con
   if (outs.size() != p.parts.n) return false;
   for (size_t i = 0; i < outs.size(); ++i)
     if (!same_rows(*outs[i], p.outs[i])) return false;
-  return cuda::matvec_pairs_fit(p.cols, p.parts.view(p.parts.mv), ep);
+  if (!p.half) return cuda::matvec_pairs_fit(p.cols, p.parts.view(p.parts.mv), ep);
+  const int wanted = ep.kind == cuda::PairEpilogueKind::Glu ? CudaOptions::kHalfEpilogueGlu
+                                                             : CudaOptions::kHalfEpilogueRope;
+  return (options_.half_epilogues & wanted) != 0 &&
+         cuda::matvec_half_pairs_fit(p.cols, p.parts.view(p.parts.mv), p.in, ep);
 }
 
 void CudaBackend::fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig,
                                              const char* op) {
   KILN_CHECK(pending_products_, "cuda: no held products to take {}", op);
   record_held_products(ep, &sig, op);
+}
+
+bool CudaBackend::fuse_glu_into_products(const Tensor& gate, const Tensor& up, const cuda::GluArgs& a,
+                                         const cuda::SignatureHash& sig) {
+  using namespace cuda_fused;
+  if (!pending_products_ || !pending_products_->half) return false;
+  cuda::PairEpilogue ep;
+  ep.kind = cuda::PairEpilogueKind::Glu;
+  ep.glu.kind = a.kind, ep.glu.alpha = a.alpha, ep.glu.limit = a.limit;
+  ep.glu.out = a.out, ep.glu.out_stride = a.out_stride;
+  // The activation over gate's or up's own rows (what the models do), so that every token's
+  // row is its pair's own place; the kernel checks token 0's layout again.
+  const bool in_place = (a.out == a.gate && a.out_stride == a.gate_stride) ||
+                        (a.out == a.up && a.out_stride == a.up_stride);
+  const Tensor* outs[] = {&gate, &up};
+  if (!in_place || !pending_products_take(outs, ep)) return false;
+  fuse_into_pending_products(ep, sig, "gate_up_glu");
+  return true;
 }
 
 const float* CudaBackend::rope_table_for(const cuda::RopeArgs& rope, uint64_t key) {
@@ -351,9 +374,9 @@ void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> pa
   // The int8 copy of x stays valid for the next product over x (no output overlaps x), but
   // only where it was written to the scratch.
   const QuantizedInput after = from_f32 ? QuantizedInput{} : input;
-  // Held back where the next op may join the launch's epilogue (one launch: one int8 type).
-  if (!accumulate && parts.size() >= 2 && launches.n == 1 && !half)
-    return defer_products(h, T, parts, K, std::move(launch), after, "matmul_parts");
+  // Held back where the next op may join the launch's epilogue (one launch: one weight type).
+  if (!accumulate && parts.size() >= 2 && launches.n == 1 && (!half || options_.half_epilogues != 0))
+    return defer_products(h, T, parts, K, std::move(launch), after, "matmul_parts", half ? &f32 : nullptr);
   record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "matmul_parts");
   quantized_input_ = after;
 }
@@ -412,8 +435,10 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
     }
     return cuda::Status();
   };
-  if (parts.size() >= 2 && (mixed || (launches.n == 1 && !any_half(launches))))
-    return defer_products(h, T, parts, K, std::move(launch), QuantizedInput{}, "rmsnorm_matmul_parts");
+  const bool half = any_half(launches);
+  if (parts.size() >= 2 && (mixed || (launches.n == 1 && (!half || options_.half_epilogues != 0))))
+    return defer_products(h, T, parts, K, std::move(launch), QuantizedInput{}, "rmsnorm_matmul_parts",
+                          half && !mixed ? &in : nullptr);
   record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "rmsnorm_matmul_parts");
 }
 

@@ -261,8 +261,11 @@ void CudaBackend::glu(const Tensor& gate, const Tensor& up, const GluParams& p, 
   a.rows = gate.rows(), a.n = gate.ne[0];
   a.out = out.as<float>(), a.out_stride = stride_of(out, "glu", "out");
   a.alpha = p.alpha, a.limit = p.limit;
+  const Sig sig = Sig(Op::Glu).t(gate).t(up).t(out).v(p.act).v(p.alpha).v(p.limit);
+  // Right after f16 / bf16 gate/up products: in their launch's epilogue where it can.
+  if (fuse_glu_into_products(gate, up, a, sig.h)) return;
   if (cuda::glu_can_quantize(a)) a.q8 = q8_for_next_matmul(a.n, a.rows, &a.q8_row_bytes);
-  record(Sig(Op::Glu).t(gate).t(up).t(out).v(p.act).v(p.alpha).v(p.limit).v(a.q8).h, gate.rows(),
+  record(Sig(sig).v(a.q8).h, gate.rows(),
          [=](cudaStream_t s) { return cuda::glu(a, s); }, "glu");
   remember_q8(a.out, a.n, a.rows, a.out_stride, a.q8);
 }

@@ -84,17 +84,27 @@ bool matvec_grouped_fits(const MatvecArgs& a, const Q8Vector& xq) {
   return grouped_weights_fit(a) && detail::aligned16(xq.qs) && detail::aligned16(xq.ds);
 }
 
-bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep) {
-  if (ep.kind == PairEpilogueKind::None) return true;
-  if (cols % detail::kGroupElems != 0 || cols / detail::kGroupElems > detail::kMaxPairGroups) return false;
+bool pair_epilogue_parts_fit(std::span<const MatvecPart> parts, const PairEpilogue& ep) {
   for (const MatvecPart& p : parts)
-    if (p.rows % 2 != 0 || p.accumulate) return false;
+    if (p.accumulate) return false;
+  if (ep.kind == PairEpilogueKind::Glu)
+    return parts.size() == 2 && parts[0].rows == parts[1].rows && ep.glu.out;
+  if (ep.kind != PairEpilogueKind::RopeStore) return false;
+  for (const MatvecPart& p : parts)
+    if (p.rows % 2 != 0) return false;  // pairs (2i, 2i+1) never straddle two parts
   const KvStoreArgs& st = ep.store;
   return parts.size() == 3 && ep.head_dim > 0 && ep.head_dim % 2 == 0 && ep.n_rot > 0 &&
          ep.n_rot % 2 == 0 && ep.n_rot <= ep.head_dim && parts[0].rows % ep.head_dim == 0 &&
          parts[1].rows % ep.head_dim == 0 && parts[1].rows == st.k_width &&
          parts[2].rows == st.v_width && st.slots && st.cache_k && st.cache_v &&
          (st.cache_type == GgmlType::F32 || st.cache_type == GgmlType::F16);
+}
+
+bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep) {
+  if (ep.kind == PairEpilogueKind::None) return true;
+  if (ep.kind != PairEpilogueKind::RopeStore) return false;  // no glu here: see PairEpilogue
+  if (cols % detail::kGroupElems != 0 || cols / detail::kGroupElems > detail::kMaxPairGroups) return false;
+  return pair_epilogue_parts_fit(parts, ep);
 }
 
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,

@@ -5,6 +5,7 @@
 #include <span>
 
 #include "backend/cuda/matvec.h"
+#include "backend/cuda/ops.h"
 #include "backend/cuda/ops_extra.h"
 
 namespace kiln::cuda {
@@ -31,21 +32,38 @@ struct MatvecPart {
 };
 
 // What a launch may do with the two rows of a warp's task besides the products, so that the
-// op after them needs no kernel of its own (pairs need cols <= 4096, where a task is two
-// rows of 16 lanes each; matvec_pairs_fit says whether a launch can):
+// op after them needs no kernel of its own (in the int8 kernel pairs need cols <= 4096, where
+// a task is two rows of 16 lanes each; matvec_pairs_fit says whether a launch can; the f16 /
+// bf16 kernel, matvec_f16_grouped.h, takes pairs of any width):
 //  - RopeStore: parts q, k, v of token `token`. The row pairs (2i, 2i+1) of each q and k head
 //    are rotated as rope() does in its normal (not NeoX) style, with the angles of a
 //    rope_table(), and k and v also go into the KV cache at the token's slot: what
 //    rope_store() would do after the products.
-enum class PairEpilogueKind : uint8_t { None, RopeStore };
+//  - Glu (f16 / bf16 kernel only): parts gate and up of equal rows; row i of each is one
+//    pair, and besides both products glu.out[i] = act(gate_i) * up_i is written: what glu()
+//    would do after the products. (In the int8 kernel the down product would then have to
+//    quantize the activation in every block: measured slower, docs/perf-notes.md round 5.)
+enum class PairEpilogueKind : uint8_t { None, RopeStore, Glu };
+struct GluEpilogue {
+  GluKind kind = GluKind::Silu;
+  float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
+  float* out = nullptr;                // token t's activation at out + t * out_stride
+  int64_t out_stride = 0;
+};
 struct PairEpilogue {
   PairEpilogueKind kind = PairEpilogueKind::None;
-  int64_t token = 0;              // the batch row of this launch (index into angles and slots)
+  int64_t token = 0;              // the batch row of this launch (index into angles, slots, glu.out)
   int head_dim = 0, n_rot = 0;    // the first n_rot dims of each head rotate
   const float* angles = nullptr;  // rope_table(): per token, cos [n_rot / 2] then sin [n_rot / 2]
   KvStoreArgs store;              // the cache and slots (k and v unused: the products' rows go)
+  GluEpilogue glu;
 };
-// The shapes (angles are checked at launch).
+// The parts' side of a pair epilogue, whatever the kernel: RopeStore three parts of even
+// rows, q and k whole heads, k and v as wide as the cache rows; Glu two parts of equal rows
+// and an output. No part accumulates.
+bool pair_epilogue_parts_fit(std::span<const MatvecPart> parts, const PairEpilogue& ep);
+// The int8 kernel's: the shapes above, RopeStore only, and rows of at most 16 groups (the
+// angles are checked at launch).
 bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep);
 
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,

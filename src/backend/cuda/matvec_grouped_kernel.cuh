@@ -27,7 +27,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/matvec_segments.cuh"
-#include "backend/cuda/rope_math.cuh"  // the rotation
+#include "backend/cuda/pair_epilogue.cuh"
 
 namespace kiln::cuda::detail {
 
@@ -286,33 +286,6 @@ __device__ inline void quantize_input_to_shared(const F32Input& in, int cols, ui
   }
 }
 
-// The pair epilogue (see PairEpilogue), run by the first lane of each of a task's two rows
-// (16 lanes each): `v` is this row's value, bias added, `partner` the other row's; slot 0
-// holds the even row.
-__device__ __forceinline__ void rope_store_pair(const PairEpilogue& ep, int part, int local, int slot, float v,
-                                                float partner, float* y) {
-  if (part < 2) {  // q or k: rotate the pair
-    const int d = local % ep.head_dim;
-    if (d < ep.n_rot) {
-      const int half = ep.n_rot / 2, i = d / 2;
-      const float* angles = ep.angles + ep.token * ep.n_rot;  // written by a kernel before: after the wait
-      const float c = angles[i], s = angles[half + i];
-      const float x0 = slot == 0 ? v : partner, x1 = slot == 0 ? partner : v;
-      v = slot == 0 ? rotated_first(x0, x1, c, s) : rotated_second(x0, x1, c, s);
-    }
-  }
-  y[local] = v;
-  if (part == 0) return;
-  const int64_t cache_slot = ep.store.slots[ep.token];  // uploaded before the step
-  if (cache_slot < 0 || cache_slot >= ep.store.n_slots) return;  // never write outside the cache
-  void* cache = part == 1 ? ep.store.cache_k : ep.store.cache_v;
-  const int64_t at = cache_slot * (part == 1 ? ep.store.cache_k_stride : ep.store.cache_v_stride) + local;
-  if (ep.store.cache_type == GgmlType::F16)
-    store_as(static_cast<__half*>(cache) + at, v);
-  else
-    store_as(static_cast<float*>(cache) + at, v);
-}
-
 // kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kStages: 2, or 1 for launches
 // where every warp has at most one item (launch_grouped picks it, see kOneStageMaxCols: then
 // a warp's whole share of the weights is in flight before the wait, and the smaller stages
@@ -432,7 +405,7 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
       }
       bool plain_store = li == 0 && row < rows;
       if constexpr (kLanesPerRow == 16) {
-        if (ep.kind != PairEpilogueKind::None) {  // every row has its pair (host-checked)
+        if (ep.kind == PairEpilogueKind::RopeStore) {  // every row has its pair (host-checked)
           const float partner = __shfl_xor_sync(kFullMask, v, 16);
           if (li == 0) rope_store_pair(ep, part, local, slot, v, partner, GroupedSegments::pick(seg.y, part));
           plain_store = false;
