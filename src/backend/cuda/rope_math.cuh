@@ -1,8 +1,9 @@
 #pragma once
-// Rotary position embedding on the device, shared by the plain rope kernel (ops.cu) and the
-// one that also stores the rotated keys into the cache (rope_store.cu): the host-side YaRN
-// constants, each token's angles (double precision, as the CPU backend computes them) and
-// the rotation of a group of heads.
+// Rotary position embedding on the device, shared by the plain rope kernel (ops.cu), the
+// one that also stores the rotated keys into the cache (rope_store.cu) and the decode
+// attention that does both itself (attention_new_token.cuh): the host-side YaRN constants,
+// each token's angles (double precision, as the CPU backend computes them), the rotation of
+// a group of heads, and Qwen3's per-head RMS norm that runs before it.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -10,6 +11,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope_store.h"
 
 namespace kiln::cuda::detail {
 
@@ -99,6 +101,34 @@ __device__ __forceinline__ float rotated_second(float x0, float x1, float c, flo
   return __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
+// The two elements of a head that pair i of the rotation turns (neox: i and i + half, the
+// halves of the rotated dims; else 2i and 2i + 1, neighbours).
+__device__ __forceinline__ int rope_first(int i, bool neox) { return neox ? i : 2 * i; }
+__device__ __forceinline__ int rope_second(int i, int half, bool neox) { return neox ? i + half : 2 * i + 1; }
+
+// One head of head_dim (<= kMaxHeadNormDim) values RMS-normalized in place by the calling
+// warp, as rmsnorm() over heads as rows: x = x / rms(x) * weight. Lane l owns the values
+// l, l + 32, ...: it adds their squares in that order, then the warp adds the lanes' sums,
+// so every caller gets the same bits.
+__device__ inline void norm_head_in_place(float* x, int head_dim, const float* weight, float eps) {
+  constexpr int kPerLane = kMaxHeadNormDim / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  float v[kPerLane];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = j * kWarpSize + lane;
+    v[j] = d < head_dim ? x[d] : 0.0f;
+    sum_sq = fmaf(v[j], v[j], sum_sq);
+  }
+  const float inv = rsqrtf(warp_sum(sum_sq) / float(head_dim) + eps);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = j * kWarpSize + lane;
+    if (d < head_dim) x[d] = __fmul_rn(__fmul_rn(v[j], inv), weight[d]);
+  }
+}
+
 // Rotates heads [first_head, first_head + heads_per_block) of token t in place. With
 // cache_row (the token's key row of the cache, heads packed head_dim apart), every element
 // of those heads, rotated or passed through, is stored there too.
@@ -112,7 +142,7 @@ __device__ inline void rotate_heads(const RopeArgs& a, int64_t t, int64_t first_
     const int64_t head = j / half;
     const int i = int(j % half);
     float* v = xt + head * a.head_stride;
-    const int first = a.neox ? i : 2 * i, second = a.neox ? i + half : 2 * i + 1;
+    const int first = rope_first(i, a.neox), second = rope_second(i, half, a.neox);
     const float x0 = v[first], x1 = v[second];
     const float y0 = rotated_first(x0, x1, cos_s[i], sin_s[i]);
     const float y1 = rotated_second(x0, x1, cos_s[i], sin_s[i]);
