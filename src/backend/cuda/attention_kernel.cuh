@@ -21,8 +21,9 @@
 // after the wait find them there. A block whose range holds none of its token's keys waits
 // for nothing: it leaves at once, or in a cluster only joins the barriers.
 // With kNewToken (DecodeNewToken) the block normalizes and rotates its queries as it loads
-// them, and the block whose range holds the token's position computes that key itself
-// (prepare_new_token, attention_new_token.cuh) and reads it from shared memory, not the cache.
+// them (the norm weights loaded before the wait), and the block whose range holds the
+// token's position computes that key itself (prepare_new_token, attention_new_token.cuh) and
+// reads it from shared memory, not the cache.
 #include <cooperative_groups.h>
 
 #include <string>
@@ -183,8 +184,9 @@ __global__ void __launch_bounds__(kThreads)
       prefetch_l2(k_head + slot * a.k_slot_stride, D * sizeof(KV));
       prefetch_l2(v_head + slot * a.v_slot_stride, D * sizeof(KV));
     }
+  std::conditional_t<kNewToken, LaneNormWeights<D>, NoNewToken> norm_weights;
   if constexpr (kNewToken)
-    if (n_keys > 0) load_head_norm_weights<D, kThreads>(a.new_token, new_s);
+    if (n_keys > 0) load_lane_norm_weights<D>(a.new_token, norm_weights);
   if (n_keys == 0) {  // nothing of this token here: needs no input, leaves nothing to merge
     allow_next_kernel();
     if constexpr (kCluster) merge_in_cluster<D, kHeads>(a, seq, head0, 0, &red_s[0][0][0], &ml_s[0][0]);
@@ -199,7 +201,7 @@ __global__ void __launch_bounds__(kThreads)
   // An f16 cache takes an f16 query (as llama.cpp's flash attention and the CPU backend):
   // the products are then exact and only the f32 sums round.
   if constexpr (kNewToken) {
-    prepare_new_token<D, KV, kHeads, kThreads>(a, seq, head0, kv_head, holds_key, q_s, new_s);
+    prepare_new_token<D, KV, kHeads, kThreads>(a, seq, head0, kv_head, holds_key, norm_weights, q_s, new_s);
   } else {
     for (int i = tid; i < kHeads * D; i += kThreads)
       q_s[i / D][i % D] = rounded_as<KV>(a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D]);

@@ -3,7 +3,7 @@
 // one that also stores the rotated keys into the cache (rope_store.cu) and the decode
 // attention that does both itself (attention_new_token.cuh): the host-side YaRN constants,
 // each token's angles (double precision, as the CPU backend computes them), the rotation of
-// a group of heads, and Qwen3's per-head RMS norm that runs before it.
+// a group of heads or of one element, and Qwen3's per-head RMS norm that runs before it.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -101,31 +101,55 @@ __device__ __forceinline__ float rotated_second(float x0, float x1, float c, flo
   return __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
-// The two elements of a head that pair i of the rotation turns (neox: i and i + half, the
-// halves of the rotated dims; else 2i and 2i + 1, neighbours).
-__device__ __forceinline__ int rope_first(int i, bool neox) { return neox ? i : 2 * i; }
-__device__ __forceinline__ int rope_second(int i, int half, bool neox) { return neox ? i + half : 2 * i + 1; }
+// Element d (< n_rot) of a rotated head: the index of its pair (its angle), its partner in
+// the pair, and whether it is the pair's first element (neox: the pairs (i, i + half), else
+// (2i, 2i + 1)). Its rotated value is rotated_element().
+struct RopeElement {
+  int pair, partner;
+  bool first;
+};
+__device__ __forceinline__ RopeElement rope_element(int d, int half, bool neox) {
+  if (neox) return d < half ? RopeElement{d, d + half, true} : RopeElement{d - half, d - half, false};
+  return RopeElement{d / 2, d ^ 1, (d & 1) == 0};
+}
+__device__ __forceinline__ float rotated_element(const RopeElement& e, float x, float partner, float c, float s) {
+  return e.first ? rotated_first(x, partner, c, s) : rotated_second(partner, x, c, s);
+}
+
+// Qwen3's per-head RMS norm (rmsnorm() over heads as rows: x / rms(x) * weight) in pieces that
+// every kernel uses alike, so that they all give the same bits: lane l of a warp holds the
+// head's values l, l + 32, ... and adds their squares in that order (lane_sum_of_squares),
+// the warp adds the lanes' sums (head_rms_inverse), each value is scaled (head_normed).
+template <int kPerLane>
+__device__ __forceinline__ float lane_sum_of_squares(const float (&v)[kPerLane]) {
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) sum_sq = fmaf(v[j], v[j], sum_sq);
+  return sum_sq;
+}
+__device__ __forceinline__ float head_rms_inverse(float lane_sum, int head_dim, float eps) {
+  return rsqrtf(warp_sum(lane_sum) / float(head_dim) + eps);
+}
+__device__ __forceinline__ float head_normed(float v, float inv, float weight) {
+  return __fmul_rn(__fmul_rn(v, inv), weight);
+}
 
 // One head of head_dim (<= kMaxHeadNormDim) values RMS-normalized in place by the calling
-// warp, as rmsnorm() over heads as rows: x = x / rms(x) * weight. Lane l owns the values
-// l, l + 32, ...: it adds their squares in that order, then the warp adds the lanes' sums,
-// so every caller gets the same bits.
+// warp (lanes past head_dim hold zeros, which add nothing to the sum).
 __device__ inline void norm_head_in_place(float* x, int head_dim, const float* weight, float eps) {
   constexpr int kPerLane = kMaxHeadNormDim / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   float v[kPerLane];
-  float sum_sq = 0.0f;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int d = j * kWarpSize + lane;
     v[j] = d < head_dim ? x[d] : 0.0f;
-    sum_sq = fmaf(v[j], v[j], sum_sq);
   }
-  const float inv = rsqrtf(warp_sum(sum_sq) / float(head_dim) + eps);
+  const float inv = head_rms_inverse(lane_sum_of_squares(v), head_dim, eps);
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int d = j * kWarpSize + lane;
-    if (d < head_dim) x[d] = __fmul_rn(__fmul_rn(v[j], inv), weight[d]);
+    if (d < head_dim) x[d] = head_normed(v[j], inv, weight[d]);
   }
 }
 
@@ -142,7 +166,7 @@ __device__ inline void rotate_heads(const RopeArgs& a, int64_t t, int64_t first_
     const int64_t head = j / half;
     const int i = int(j % half);
     float* v = xt + head * a.head_stride;
-    const int first = rope_first(i, a.neox), second = rope_second(i, half, a.neox);
+    const int first = a.neox ? i : 2 * i, second = a.neox ? i + half : 2 * i + 1;
     const float x0 = v[first], x1 = v[second];
     const float y0 = rotated_first(x0, x1, cos_s[i], sin_s[i]);
     const float y1 = rotated_second(x0, x1, cos_s[i], sin_s[i]);
