@@ -233,7 +233,10 @@ class Backend {
   virtual void rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& positions,
                              const RopeParams& params, KvLayer& cache, const Tensor& slots);
   // The same after per-head RMS norms of q and k (Qwen3's: weights f32 [head_dim], either may
-  // be empty for none). The default runs rmsnorm on the heads, then rope_kv_store.
+  // be empty for none). The default runs rmsnorm on the heads, then rope_kv_store. A backend
+  // may instead do it all inside the attention over q right after (CUDA decode of one token):
+  // q_heads and k_heads then keep their raw values, so a caller that reads them afterwards
+  // (a debug hook) runs rmsnorm and rope_kv_store itself.
   virtual void norm_rope_kv_store(Tensor& q_heads, Tensor& k_heads, const Tensor& v, const Tensor& q_norm,
                                   const Tensor& k_norm, float eps, const Tensor& positions, const RopeParams& params,
                                   KvLayer& cache, const Tensor& slots);

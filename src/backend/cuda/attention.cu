@@ -118,6 +118,19 @@ size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& a) {
   return decode_attention_scratch_bytes(a, plan_decode_attention(a));
 }
 
+std::string decode_new_token_refusal(const DecodeAttentionArgs& a) {
+  const DecodeNewToken& t = a.new_token;
+  if (!t.k) return "no new token given";
+  if (a.n_seq != 1) return "the new token's rope and store take one token, not " + std::to_string(a.n_seq);
+  if (a.softcap > 0.0f) return "the new token's rope and store do not take softcap";
+  if (!t.v || !t.angles || !t.slot) return "the new token needs its values, angles and slot";
+  if (t.k_cache != a.k_cache || t.v_cache != a.v_cache) return "the new token's caches are not the ones read";
+  if (t.n_rot < 2 || t.n_rot % 2 != 0 || t.n_rot > a.head_dim)
+    return "the new token's n_rot " + std::to_string(t.n_rot) + " must be even, 2 .. head_dim " +
+           std::to_string(a.head_dim);
+  return "";
+}
+
 Status decode_attention(const DecodeAttentionArgs& a, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   return decode_attention(a, plan_decode_attention(a), scratch, scratch_bytes, stream);
 }
@@ -156,6 +169,9 @@ Status decode_attention(const DecodeAttentionArgs& a, const DecodeAttentionPlan&
   if (plan.cluster && (plan.n_splits > kMaxClusterSplits || !decode_attention_clusters_available()))
     return Status::invalid("decode_attention: a cluster of " + std::to_string(plan.n_splits) +
                            " ranges (at most " + std::to_string(kMaxClusterSplits) + ", sm_90)");
+  if (a.new_token.k)
+    if (const std::string why = decode_new_token_refusal(a); !why.empty())
+      return Status::invalid("decode_attention: " + why);
   const size_t need = decode_attention_scratch_bytes(a, plan);
   if (a.out_q8 && (reinterpret_cast<uintptr_t>(a.out_q8) % 16 || a.out_q8_row_bytes % 16 ||
                    (int64_t(a.n_head) * a.head_dim) % 32))

@@ -25,11 +25,40 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "backend/cuda/status.h"
 #include "quant/types.h"
 
 namespace kiln::cuda {
+
+// Optional: the new token's head norms, rope and cache store inside the attention kernel
+// (one token, n_seq 1; Qwen3-style layers), instead of a rope_store() launch before it.
+// q (DecodeAttentionArgs::q) and k, v here are then the token's raw products, and the kernel
+// does what rope_store() with these norms and angles would have done:
+//   - every block RMS-normalizes (where a weight is given) and rotates its query heads as it
+//     loads them;
+//   - a block whose key range holds the token's position computes that key from the raw k
+//     of its kv head (normed, rotated, rounded as the cache would round it) and takes v as
+//     it is, and uses them for that key instead of reading the cache slot;
+//   - of those, the block of each kv head's first query head writes the key and value into
+//     the cache slot *slot (nothing when the slot is outside 0 .. n_slots - 1).
+// The q, k and v buffers are left as they are (raw). The same bits as rope_store() then
+// decode_attention(). Not with softcap.
+struct DecodeNewToken {
+  const float* k = nullptr;  // [n_head_kv * head_dim] the token's raw keys; null: not used
+  const float* v = nullptr;  // [n_head_kv * head_dim] its values
+  const float* q_norm = nullptr;  // [head_dim] or null: q heads not normalized
+  const float* k_norm = nullptr;  // [head_dim] or null: k heads not normalized
+  float eps = 0.0f;
+  const float* angles = nullptr;  // the token's rope_table row: n_rot / 2 cosines, then the sines
+  int n_rot = 0;                  // even, 2 .. head_dim; dims past it pass through
+  bool neox = false;
+  const int32_t* slot = nullptr;  // the cache slot of the token's key and value (an upload)
+  int64_t n_slots = 0;
+  void* k_cache = nullptr;  // the caches written: DecodeAttentionArgs' k_cache / v_cache
+  void* v_cache = nullptr;
+};
 
 struct DecodeAttentionArgs {
   const float* q = nullptr;  // [n_seq][n_head * head_dim]
@@ -58,6 +87,7 @@ struct DecodeAttentionArgs {
   // merge, or by the block of a one-range plan). n_head * head_dim a multiple of 32.
   uint8_t* out_q8 = nullptr;
   int64_t out_q8_row_bytes = 0;
+  DecodeNewToken new_token;  // optional (see there)
 };
 
 // How the key range is split and merged. plan_decode_attention() picks one (see there);
@@ -81,6 +111,10 @@ bool decode_attention_clusters_available();
 // Scratch bytes decode_attention() needs for these arguments (0 when no second kernel runs).
 size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& args);
 size_t decode_attention_scratch_bytes(const DecodeAttentionArgs& args, const DecodeAttentionPlan& plan);
+
+// Why decode_attention() would refuse args.new_token (empty: it takes it): checked apart so
+// that a caller can keep the launch before it instead.
+std::string decode_new_token_refusal(const DecodeAttentionArgs& args);
 
 Status decode_attention(const DecodeAttentionArgs& args, void* scratch, size_t scratch_bytes, cudaStream_t stream);
 Status decode_attention(const DecodeAttentionArgs& args, const DecodeAttentionPlan& plan, void* scratch,

@@ -20,12 +20,17 @@
 // and block table (uploads) and asks L2 for the K and V rows of its keys, so that the loads
 // after the wait find them there. A block whose range holds none of its token's keys waits
 // for nothing: it leaves at once, or in a cluster only joins the barriers.
+// With kNewToken (DecodeNewToken) the block normalizes and rotates its queries as it loads
+// them (the norm weights loaded before the wait), and the block whose range holds the
+// token's position computes that key itself (prepare_new_token, attention_new_token.cuh) and
+// reads it from shared memory, not the cache.
 #include <cooperative_groups.h>
 
 #include <string>
 #include <type_traits>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_new_token.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.cuh"
 
@@ -146,7 +151,8 @@ __device__ void merge_in_cluster(const DecodeAttentionArgs& a, int seq, int head
   cluster.sync();  // no block leaves while another may still read its shared memory
 }
 
-template <int D, typename KV, int kHeads, bool kSoftcap, bool kCluster, int kThreads = kAttnThreads>
+template <int D, typename KV, int kHeads, bool kSoftcap, bool kCluster, bool kNewToken = false,
+          int kThreads = kAttnThreads>
 __global__ void __launch_bounds__(kThreads)
     attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, bool prefetch, float* __restrict__ partial) {
   constexpr int kLanesPerKey = D / 8;
@@ -157,6 +163,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float red_s[kWarps][kHeads][D];  // in a cluster, red_s[0] then holds the block's output
   __shared__ float stat_s[kWarps][kHeads][2];
   __shared__ float ml_s[kHeads][2];  // in a cluster: the block's (max, sum) per head
+  __shared__ __align__(16) std::conditional_t<kNewToken, NewTokenShared<D>, NoNewToken> new_s;
 
   const int seq = blockIdx.x, head0 = blockIdx.y * kHeads, split = blockIdx.z;
   const int kv_head = head0 / (a.n_head / a.n_head_kv);
@@ -177,6 +184,9 @@ __global__ void __launch_bounds__(kThreads)
       prefetch_l2(k_head + slot * a.k_slot_stride, D * sizeof(KV));
       prefetch_l2(v_head + slot * a.v_slot_stride, D * sizeof(KV));
     }
+  std::conditional_t<kNewToken, LaneNormWeights<D>, NoNewToken> norm_weights;
+  if constexpr (kNewToken)
+    if (n_keys > 0) load_lane_norm_weights<D>(a.new_token, norm_weights);
   if (n_keys == 0) {  // nothing of this token here: needs no input, leaves nothing to merge
     allow_next_kernel();
     if constexpr (kCluster) merge_in_cluster<D, kHeads>(a, seq, head0, 0, &red_s[0][0][0], &ml_s[0][0]);
@@ -186,11 +196,15 @@ __global__ void __launch_bounds__(kThreads)
   const KV* k_base = k_head + 8 * c;
   const KV* v_base = v_head + 8 * c;
 
+  // The range's last key is the token's own when it holds the token's position.
+  const bool holds_key = kNewToken && k0 + n_keys - 1 == pos;
   // An f16 cache takes an f16 query (as llama.cpp's flash attention and the CPU backend):
   // the products are then exact and only the f32 sums round.
-  for (int i = tid; i < kHeads * D; i += kThreads) {
-    const float qv = a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D];
-    q_s[i / D][i % D] = std::is_same_v<KV, __half> ? __half2float(__float2half_rn(qv)) : qv;
+  if constexpr (kNewToken) {
+    prepare_new_token<D, KV, kHeads, kThreads>(a, seq, head0, kv_head, holds_key, norm_weights, q_s, new_s);
+  } else {
+    for (int i = tid; i < kHeads * D; i += kThreads)
+      q_s[i / D][i % D] = rounded_as<KV>(a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D]);
   }
   __syncthreads();
   // Each key group keeps a running softmax state per head over its keys: max m, sum l and
@@ -210,6 +224,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kKeyGroups + group;
       valid[u] = j < n_keys;
+      if constexpr (kNewToken) {
+        if (holds_key && j == n_keys - 1) {  // the token's own key: not in the cache yet
+#pragma unroll
+          for (int e = 0; e < 8; ++e) kv[u][e] = new_s.key[8 * c + e], vv[u][e] = new_s.value[8 * c + e];
+          continue;
+        }
+      }
       if (valid[u]) {
         const int64_t slot = slot_of(a, table, k0 + j);
         load8(k_base + slot * a.k_slot_stride, kv[u]);
@@ -339,20 +360,20 @@ __global__ void __launch_bounds__(D)
   if (a.out_q8) store_q8_piece(a, seq, e, value);  // a warp holds 32 consecutive outputs
 }
 
-template <int D, typename KV, int kHeads, bool kSoftcap>
+template <int D, typename KV, int kHeads, bool kSoftcap, bool kNewToken>
 Status launch_ranges(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, float* partial,
                      cudaStream_t stream) {
   const dim3 grid(unsigned(a.n_seq), unsigned(a.n_head / kHeads), unsigned(plan.n_splits));
   if (plan.wide) {  // one range, no merge (decode_attention checked the plan)
     if constexpr (kHeads <= kMaxWideHeads) {
-      launch_chained(attention_kernel<D, KV, kHeads, kSoftcap, false, kWideAttnThreads>, grid, kWideAttnThreads, 0,
-                     stream, a, plan.keys_per_split, 1, plan.prefetch, partial);
+      launch_chained(attention_kernel<D, KV, kHeads, kSoftcap, false, kNewToken, kWideAttnThreads>, grid,
+                     kWideAttnThreads, 0, stream, a, plan.keys_per_split, 1, plan.prefetch, partial);
       return launch_status("attention_kernel (one range, 512 threads)");
     }
     return Status::invalid("decode_attention: internal: a wide plan of " + std::to_string(kHeads) + " heads");
   }
   if (plan.cluster) {
-    const auto kernel = attention_kernel<D, KV, kHeads, kSoftcap, true>;
+    const auto kernel = attention_kernel<D, KV, kHeads, kSoftcap, true, kNewToken>;
     // Clusters above the portable 8 blocks: allowed once for each kernel (this instantiation).
     static const cudaError_t large = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (large != cudaSuccess) return Status::from_cuda(large, "decode_attention: clusters of up to 16 blocks");
@@ -360,7 +381,7 @@ Status launch_ranges(const DecodeAttentionArgs& a, const DecodeAttentionPlan& pl
                                plan.keys_per_split, plan.n_splits, plan.prefetch, partial);
     return launch_status("attention_kernel (ranges merged in a cluster)");
   }
-  launch_chained(attention_kernel<D, KV, kHeads, kSoftcap, false>, grid, kAttnThreads, 0, stream, a,
+  launch_chained(attention_kernel<D, KV, kHeads, kSoftcap, false, kNewToken>, grid, kAttnThreads, 0, stream, a,
                  plan.keys_per_split, plan.n_splits, plan.prefetch, partial);
   if (Status s = launch_status("attention_kernel"); !s.ok()) return s;
   if (plan.n_splits == 1) return Status();
@@ -371,8 +392,10 @@ Status launch_ranges(const DecodeAttentionArgs& a, const DecodeAttentionPlan& pl
 
 template <int D, typename KV, int kHeads>
 Status launch_heads(const DecodeAttentionArgs& a, const DecodeAttentionPlan& plan, float* partial, cudaStream_t stream) {
-  if (a.softcap > 0.0f) return launch_ranges<D, KV, kHeads, true>(a, plan, partial, stream);
-  return launch_ranges<D, KV, kHeads, false>(a, plan, partial, stream);
+  // The new token's head norms and rope (decode_attention refused them with softcap).
+  if (a.new_token.k) return launch_ranges<D, KV, kHeads, false, true>(a, plan, partial, stream);
+  if (a.softcap > 0.0f) return launch_ranges<D, KV, kHeads, true, false>(a, plan, partial, stream);
+  return launch_ranges<D, KV, kHeads, false, false>(a, plan, partial, stream);
 }
 
 template <int D, typename KV>

@@ -288,6 +288,7 @@ void CudaBackend::defer_add(const Tensor& out, Tensor& residual) {
 
 void CudaBackend::flush_pending() {
   flush_pending_products();
+  flush_pending_head_norms();
   if (!pending_add_) return;
   PendingAdd p = std::move(*pending_add_);
   pending_add_.reset();

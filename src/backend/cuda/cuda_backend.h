@@ -174,7 +174,25 @@ class CudaBackend final : public Backend {
                               const cuda::SignatureHash& sig);
   // Records the held launch with `ep`; with `fused_sig`, its signature extended by that.
   void record_held_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash* fused_sig, const char* op);
-  // At most one of the two is pending; this records it.
+  // A decode norm_rope_kv_store of one token (q/k head norms, rope, cache store) is held
+  // back as well: the decode attention right after it, over the same q, cache, positions and
+  // slots, does its work inside its own kernel (DecodeNewToken, attention.h), one launch
+  // fewer. KILN_CUDA_ATTN_HEAD_NORM=0 turns it off. Any other op records it as it is.
+  struct PendingHeadNorms {
+    cuda::SignatureHash sig;
+    cuda::RopeArgs q, k;
+    cuda::KvStoreArgs store;
+    const float* angles = nullptr;
+    cuda::HeadNorms norms;
+  };
+  std::optional<PendingHeadNorms> pending_head_norms_;
+  void hold_head_norms(const PendingHeadNorms& held);
+  void flush_pending_head_norms();
+  // The held head norms if they are those of this decode attention's token (q, cache,
+  // positions, slot, shapes); else null.
+  const PendingHeadNorms* held_head_norms_of(const Tensor& q, const KvLayer& cache, const BatchIndex& batch,
+                                             const AttentionParams& params) const;
+  // At most one of the three is pending; this records it.
   void flush_pending();
   // Rope angle tables (cuda::rope_table) of the current pass, one per positions tensor and
   // rope parameters (`key`): recorded by the first decode rope of a pass, read by every

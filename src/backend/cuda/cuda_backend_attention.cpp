@@ -1,7 +1,8 @@
 // The CUDA backend's rope, KV-cache and attention ops: argument checks on the host, then
 // launch closures for the step recorder (as cuda_backend_ops.cpp). In decode, rope and the
 // cache store run as one kernel (with the q/k head norms when the model has them) or inside
-// the q/k/v products' epilogue; attention picks the tensor-core prefill kernel, the split
+// the q/k/v products' epilogue; a one-token decode with head norms runs them inside the
+// decode attention kernel instead. Attention picks the tensor-core prefill kernel, the split
 // decode kernel or the general one.
 #include <string>
 #include <tuple>
@@ -71,6 +72,13 @@ cuda::KvStoreArgs kv_store_args(const Tensor& k, const Tensor& v, KvLayer& cache
 // kv_store) instead of one rope_store_rows launch (to measure what it saves).
 bool prefill_rope_store_enabled() {
   static const bool enabled = !cuda::env_is("KILN_CUDA_PREFILL_ROPE_STORE", "0");
+  return enabled;
+}
+
+// KILN_CUDA_ATTN_HEAD_NORM=0: a decode token's head norms, rope and cache store run as their
+// own launch before the attention instead of inside it (to measure what that saves).
+bool head_norms_in_attention_enabled() {
+  static const bool enabled = !cuda::env_is("KILN_CUDA_ATTN_HEAD_NORM", "0");
   return enabled;
 }
 
@@ -181,9 +189,44 @@ bool CudaBackend::record_rope_store(Tensor& q_heads, Tensor& k_heads, const Tens
     fuse_into_pending_products(ep, sig.h, "qkv_rope_kv_store");
     return true;
   }
+  // One token with head norms: held back for the attention after it to take in.
+  if (norm && q.n_tokens == 1 && head_norms_in_attention_enabled()) {
+    hold_head_norms({sig.h, q, k, st, angles, norms});
+    return true;
+  }
   record(sig.h, q.n_tokens, [=](cudaStream_t s) { return cuda::rope_store(q, k, st, s, angles, norms); },
          norm ? "norm_rope_kv_store" : "rope_kv_store");
   return true;
+}
+
+void CudaBackend::hold_head_norms(const PendingHeadNorms& held) {
+  flush_pending();  // the q/k/v products (which cannot take head norms into their epilogue)
+  pending_head_norms_ = held;
+  quantized_input_ = {};  // the held launch writes q and k
+}
+
+void CudaBackend::flush_pending_head_norms() {
+  if (!pending_head_norms_) return;
+  const PendingHeadNorms h = *pending_head_norms_;
+  pending_head_norms_.reset();  // record() finds none held
+  record(h.sig, h.q.n_tokens,
+         [=](cudaStream_t s) { return cuda::rope_store(h.q, h.k, h.store, s, h.angles, h.norms); },
+         "norm_rope_kv_store");
+}
+
+const CudaBackend::PendingHeadNorms* CudaBackend::held_head_norms_of(const Tensor& q, const KvLayer& cache,
+                                                                     const BatchIndex& batch,
+                                                                     const AttentionParams& p) const {
+  if (!pending_head_norms_) return nullptr;
+  const PendingHeadNorms& h = *pending_head_norms_;
+  const bool same_token = h.q.n_tokens == 1 && q.ne[1] == 1 && h.q.x == q.as<float>() &&
+                          h.q.positions == batch.positions.as<int32_t>() && h.store.slots == batch.slots.as<int32_t>();
+  const bool same_cache = h.store.cache_k == cache.k.data && h.store.cache_v == cache.v.data &&
+                          h.store.cache_type == cache.k.dtype;
+  const bool same_shape = h.q.n_heads == p.n_head && h.k.n_heads == p.n_head_kv && h.q.head_dim == p.head_dim_k &&
+                          h.k.head_dim == p.head_dim_k && p.head_dim_v == p.head_dim_k &&
+                          h.store.v_width == int64_t(p.n_head_kv) * p.head_dim_v;
+  return same_token && same_cache && same_shape ? &h : nullptr;
 }
 
 void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIndex& batch, const AttentionParams& p,
@@ -255,6 +298,24 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   a.max_context = graphed ? cuda::attention_bucket(batch.max_position + 1, limit) : batch.max_position + 1;
   a.scale = p.scale, a.softcap = p.softcap, a.sliding_window = p.sliding_window, a.sinks = sinks;
   a.out = out.as<float>(), a.out_stride = int64_t(out.nb[1] / 4);
+  // The token's head norms, rope and cache store, held back, run inside this kernel where
+  // it takes them (else record() below runs them first, as their own launch).
+  const char* op = "attention";
+  if (const PendingHeadNorms* held = held_head_norms_of(q, cache, batch, p)) {
+    cuda::DecodeNewToken& t = a.new_token;
+    t.k = held->k.x, t.v = held->store.v;
+    t.q_norm = held->norms.q, t.k_norm = held->norms.k, t.eps = held->norms.eps;
+    t.angles = held->angles, t.n_rot = held->q.n_rot, t.neox = held->q.neox;
+    t.slot = held->store.slots, t.n_slots = held->store.n_slots;
+    t.k_cache = cache.k.data, t.v_cache = cache.v.data;
+    if (cuda::decode_new_token_refusal(a).empty()) {
+      sig.v(held->sig.value);
+      pending_head_norms_.reset();
+      op = "norm_rope_attention";
+    } else {
+      a.new_token = {};
+    }
+  }
   const cuda::DecodeAttentionPlan plan = cuda::plan_decode_attention(a);
   const size_t need = cuda::decode_attention_scratch_bytes(a, plan);
   void* sp = need ? scratch(attention_scratch_, need) : nullptr;
@@ -265,7 +326,7 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
   a.out_q8 = q8;
   sig.v(a.max_context);
   sig.v(q8);
-  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, plan, sp, need, s); }, "attention");
+  record(sig.h, T, [=](cudaStream_t s) { return cuda::decode_attention(a, plan, sp, need, s); }, op);
   remember_q8(a.out, cols, T, a.out_stride, q8);
 }
 

@@ -1,8 +1,9 @@
 #pragma once
-// Rotary position embedding on the device, shared by the plain rope kernel (ops.cu) and the
-// one that also stores the rotated keys into the cache (rope_store.cu): the host-side YaRN
-// constants, each token's angles (double precision, as the CPU backend computes them) and
-// the rotation of a group of heads.
+// Rotary position embedding on the device, shared by the plain rope kernel (ops.cu), the
+// one that also stores the rotated keys into the cache (rope_store.cu) and the decode
+// attention that does both itself (attention_new_token.cuh): the host-side YaRN constants,
+// each token's angles (double precision, as the CPU backend computes them), the rotation of
+// a group of heads or of one element, and Qwen3's per-head RMS norm that runs before it.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -10,6 +11,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/rope_store.h"
 
 namespace kiln::cuda::detail {
 
@@ -97,6 +99,58 @@ __device__ __forceinline__ float rotated_first(float x0, float x1, float c, floa
 }
 __device__ __forceinline__ float rotated_second(float x0, float x1, float c, float s) {
   return __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// Element d (< n_rot) of a rotated head: the index of its pair (its angle), its partner in
+// the pair, and whether it is the pair's first element (neox: the pairs (i, i + half), else
+// (2i, 2i + 1)). Its rotated value is rotated_element().
+struct RopeElement {
+  int pair, partner;
+  bool first;
+};
+__device__ __forceinline__ RopeElement rope_element(int d, int half, bool neox) {
+  if (neox) return d < half ? RopeElement{d, d + half, true} : RopeElement{d - half, d - half, false};
+  return RopeElement{d / 2, d ^ 1, (d & 1) == 0};
+}
+__device__ __forceinline__ float rotated_element(const RopeElement& e, float x, float partner, float c, float s) {
+  return e.first ? rotated_first(x, partner, c, s) : rotated_second(partner, x, c, s);
+}
+
+// Qwen3's per-head RMS norm (rmsnorm() over heads as rows: x / rms(x) * weight) in pieces that
+// every kernel uses alike, so that they all give the same bits: lane l of a warp holds the
+// head's values l, l + 32, ... and adds their squares in that order (lane_sum_of_squares),
+// the warp adds the lanes' sums (head_rms_inverse), each value is scaled (head_normed).
+template <int kPerLane>
+__device__ __forceinline__ float lane_sum_of_squares(const float (&v)[kPerLane]) {
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) sum_sq = fmaf(v[j], v[j], sum_sq);
+  return sum_sq;
+}
+__device__ __forceinline__ float head_rms_inverse(float lane_sum, int head_dim, float eps) {
+  return rsqrtf(warp_sum(lane_sum) / float(head_dim) + eps);
+}
+__device__ __forceinline__ float head_normed(float v, float inv, float weight) {
+  return __fmul_rn(__fmul_rn(v, inv), weight);
+}
+
+// One head of head_dim (<= kMaxHeadNormDim) values RMS-normalized in place by the calling
+// warp (lanes past head_dim hold zeros, which add nothing to the sum).
+__device__ inline void norm_head_in_place(float* x, int head_dim, const float* weight, float eps) {
+  constexpr int kPerLane = kMaxHeadNormDim / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  float v[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = j * kWarpSize + lane;
+    v[j] = d < head_dim ? x[d] : 0.0f;
+  }
+  const float inv = head_rms_inverse(lane_sum_of_squares(v), head_dim, eps);
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = j * kWarpSize + lane;
+    if (d < head_dim) x[d] = head_normed(v[j], inv, weight[d]);
+  }
 }
 
 // Rotates heads [first_head, first_head + heads_per_block) of token t in place. With

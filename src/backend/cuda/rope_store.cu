@@ -13,28 +13,11 @@ constexpr int kValuesPerPiece = 2 * kRopeStoreThreads;
 
 static_assert(kRopeStoreThreads / kWarpSize == kRopeHeadsPerBlock, "one warp per head for the head norms");
 
-// Per-head RMS norm in place, one warp per head of the block's heads (rmsnorm()'s formula):
-// x = x / rms(x) * weight over the head's head_dim values.
+// Per-head RMS norm in place, one warp per head of the block's heads (norm_head_in_place).
 __device__ void norm_heads(const RopeArgs& a, int64_t t, int64_t first_head, const float* weight, float eps) {
-  constexpr int kPerLane = kMaxHeadNormDim / kWarpSize;
   const int64_t head = first_head + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
   if (head >= a.n_heads) return;
-  float* x = a.x + t * a.token_stride + head * a.head_stride;
-  float v[kPerLane];
-  float sum_sq = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int d = j * kWarpSize + lane;
-    v[j] = d < a.head_dim ? x[d] : 0.0f;
-    sum_sq = fmaf(v[j], v[j], sum_sq);
-  }
-  const float inv = rsqrtf(warp_sum(sum_sq) / float(a.head_dim) + eps);
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int d = j * kWarpSize + lane;
-    if (d < a.head_dim) x[d] = __fmul_rn(__fmul_rn(v[j], inv), weight[d]);
-  }
+  norm_head_in_place(a.x + t * a.token_stride + head * a.head_stride, int(a.head_dim), weight, eps);
 }
 
 template <typename KV>
