@@ -206,7 +206,8 @@ TEST(MatvecGroupedGlu, EpilogueMatchesProductsThenGlu) {
       {GgmlType::Q4_K, 2048, 6400, 3, GluKind::GeluTanh, ActAt::Apart, true, true, true, 2},
       {GgmlType::Q6_K, 2048, 2048, 2, GluKind::Silu, ActAt::Apart, false, true, true, 2},
       {GgmlType::Q6_K, 4096, 4096, 1, GluKind::SwigluOai, ActAt::Up, true, false, true, 1},
-      {GgmlType::Q4_0, 512, 96, 8, GluKind::SwigluOai, ActAt::Apart, false, true, true, 2},
+      {GgmlType::Q4_0, 512, 128, 8, GluKind::SwigluOai, ActAt::Apart, false, true, true, 2},
+      {GgmlType::Q4_0, 512, 96, 3, GluKind::Silu, ActAt::Apart, true, false, false, 2},  // no int8 copy: 96 % 128
       {GgmlType::Q8_0, 256, 32, 1, GluKind::GeluTanh, ActAt::Up, true, true, false, 2},
       {GgmlType::Q4_K, 1024, 4160, 4, GluKind::Silu, ActAt::Apart, false, false, false, 1},
       {GgmlType::Q4_0, 3072, 8192, 2, GluKind::GeluTanh, ActAt::Gate, true, true, true, 2},

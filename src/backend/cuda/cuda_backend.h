@@ -156,8 +156,9 @@ class CudaBackend final : public Backend {
   void defer_add(const Tensor& out, Tensor& residual);
   // A decode launch of two or three grouped products (q/k/v, gate/up) is held back the same
   // way, because the op right after it may run in its epilogue (cuda_backend_fused.cpp):
-  // rope_kv_store after q/k/v (the rotation and the cache store), and for f16 / bf16
-  // weights glu after gate/up, one kernel fewer each.
+  // rope_kv_store after q/k/v (the rotation and the cache store), and glu after gate/up
+  // (f16 / bf16 weights; int8 weights over f32 x, which also write the activation's int8
+  // copy), one kernel fewer each.
   // pending_products_take says whether the held launch's outputs are `outs`, in order, and
   // whether it can take `ep`; fuse_into_pending_products then records it with that epilogue
   // (which may write only the products' outputs, the cache and the glu's output). `after`:
