@@ -51,6 +51,11 @@ struct CudaOptions {
   // kHalfEpilogueGlu (glu after gate/up). KILN_CUDA_HALF_EPILOGUE=N (0..3) sets it, 0: none.
   static constexpr int kHalfEpilogueRope = 1, kHalfEpilogueGlu = 2;
   int half_epilogues = kHalfEpilogueRope | kHalfEpilogueGlu;
+  // q4_0 / q8_0 / q4_K / q6_K decode: glu after gate/up products over f32 x (the norm inside)
+  // in their launch, which also writes the activation's int8 copy for the down product
+  // (matvec_grouped_glu.cu): the kernel's copy stages per warp (2 or 1), or 0: the glu as
+  // its own kernel. KILN_CUDA_GLU_EPILOGUE_Q8=N (0..2) sets it.
+  int int8_glu_epilogue = 2;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -151,25 +156,28 @@ class CudaBackend final : public Backend {
   void defer_add(const Tensor& out, Tensor& residual);
   // A decode launch of two or three grouped products (q/k/v, gate/up) is held back the same
   // way, because the op right after it may run in its epilogue (cuda_backend_fused.cpp):
-  // rope_kv_store after q/k/v (the rotation and the cache store), and for f16 / bf16
-  // weights glu after gate/up, one kernel fewer each.
+  // rope_kv_store after q/k/v (the rotation and the cache store), and glu after gate/up
+  // (f16 / bf16 weights; int8 weights over f32 x, which also write the activation's int8
+  // copy), one kernel fewer each.
   // pending_products_take says whether the held launch's outputs are `outs`, in order, and
   // whether it can take `ep`; fuse_into_pending_products then records it with that epilogue
   // (which may write only the products' outputs, the cache and the glu's output). `after`:
   // the int8 copy of x the launch leaves (or none); `half_input`: set for a launch of the
-  // f16 / bf16 kernel, its f32 input (token 0's).
+  // f16 / bf16 kernel, its f32 input (token 0's); `int8_over_f32`: a launch of one int8
+  // weight type over f32 x (which may take the glu).
   struct PendingProducts;
   struct QuantizedInput;  // below
   std::shared_ptr<PendingProducts> pending_products_;
   using ProductsLaunch = std::function<cuda::Status(cudaStream_t, const cuda::PairEpilogue&)>;
   void defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
                       int64_t cols, ProductsLaunch launch, const QuantizedInput& after, const char* op,
-                      const cuda::F32Input* half_input = nullptr);
+                      const cuda::F32Input* half_input = nullptr, bool int8_over_f32 = false);
   bool pending_products_take(std::span<const Tensor* const> outs, const cuda::PairEpilogue& ep) const;
   void fuse_into_pending_products(const cuda::PairEpilogue& ep, const cuda::SignatureHash& sig, const char* op);
   void flush_pending_products();
-  // glu right after held f16 / bf16 gate/up products, written over gate's or up's rows: true
-  // where it went into their epilogue (recorded), false where nothing was recorded.
+  // glu right after held gate/up products (f16 / bf16, or int8 over f32 x), written over
+  // gate's or up's rows: true where it went into their epilogue (recorded), false where
+  // nothing was recorded.
   bool fuse_glu_into_products(const Tensor& gate, const Tensor& up, const cuda::GluArgs& glu,
                               const cuda::SignatureHash& sig);
   // Records the held launch with `ep`; with `fused_sig`, its signature extended by that.

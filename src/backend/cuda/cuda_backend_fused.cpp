@@ -5,8 +5,9 @@
 //     (every block normalizes and quantizes x itself; no norm kernel runs before);
 //   - matmul_add: a product whose epilogue also adds it to the residual stream;
 //   - the launch of two or three parts is held back (PendingProducts) and takes the next op
-//     into its epilogue when it can: rope_kv_store after q/k/v; for f16 / bf16 weights also
-//     glu after gate/up (CudaOptions::half_epilogues).
+//     into its epilogue when it can: rope_kv_store after q/k/v; glu after gate/up for f16 /
+//     bf16 weights (CudaOptions::half_epilogues) and for int8 launches over f32 x
+//     (CudaOptions::int8_glu_epilogue), which then also write the activation's int8 copy.
 // Parts of different types run as one launch per type, each computing the norm again, except
 // in rmsnorm_matmul_parts the pair q4_K + q6_K (Q4_K_M's q/k with a q6_K v): one launch of
 // the two-format kernel, held back like a one-type launch. q4_0 / q8_0 / q4_K / q6_K weights go to the grouped int8
@@ -202,17 +203,19 @@ struct CudaBackend::PendingProducts {
   const char* op = "";
   bool half = false;               // f16 / bf16 weights: the pair kernel, over f32 x `in`
   cuda::F32Input in;               // token 0's
+  bool int8_over_f32 = false;      // int8 weights of one type over f32 x: can take the glu
 };
 
 void CudaBackend::defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
                                  int64_t cols, ProductsLaunch launch, const QuantizedInput& after, const char* op,
-                                 const cuda::F32Input* half_input) {
+                                 const cuda::F32Input* half_input, bool int8_over_f32) {
   flush_pending();
   auto p = std::make_shared<PendingProducts>();
   p->sig = sig, p->tokens = tokens, p->parts = cuda_fused::grouped_parts(parts), p->cols = cols;
   for (size_t i = 0; i < parts.size(); ++i) p->outs[i] = *parts[i].out;
   p->launch = std::move(launch), p->input_after = after, p->op = op;
   if (half_input) p->half = true, p->in = *half_input;
+  p->int8_over_f32 = int8_over_f32;
   pending_products_ = std::move(p);
   quantized_input_ = after;
 }
@@ -237,7 +240,10 @@ bool CudaBackend::pending_products_take(std::span<const Tensor* const> outs, con
   if (outs.size() != p.parts.n) return false;
   for (size_t i = 0; i < outs.size(); ++i)
     if (!same_rows(*outs[i], p.outs[i])) return false;
-  if (!p.half) return cuda::matvec_pairs_fit(p.cols, p.parts.view(p.parts.mv), ep);
+  if (!p.half) {
+    if (ep.kind == cuda::PairEpilogueKind::Glu && (options_.int8_glu_epilogue == 0 || !p.int8_over_f32)) return false;
+    return cuda::matvec_pairs_fit(p.cols, p.parts.view(p.parts.mv), ep);
+  }
   const int wanted = ep.kind == cuda::PairEpilogueKind::Glu ? CudaOptions::kHalfEpilogueGlu
                                                              : CudaOptions::kHalfEpilogueRope;
   return (options_.half_epilogues & wanted) != 0 &&
@@ -253,18 +259,29 @@ void CudaBackend::fuse_into_pending_products(const cuda::PairEpilogue& ep, const
 bool CudaBackend::fuse_glu_into_products(const Tensor& gate, const Tensor& up, const cuda::GluArgs& a,
                                          const cuda::SignatureHash& sig) {
   using namespace cuda_fused;
-  if (!pending_products_ || !pending_products_->half) return false;
+  if (!pending_products_) return false;
+  const bool half = pending_products_->half;
+  if (!half && (!pending_products_->int8_over_f32 || options_.int8_glu_epilogue == 0)) return false;
   cuda::PairEpilogue ep;
   ep.kind = cuda::PairEpilogueKind::Glu;
   ep.glu.kind = a.kind, ep.glu.alpha = a.alpha, ep.glu.limit = a.limit;
   ep.glu.out = a.out, ep.glu.out_stride = a.out_stride;
+  // The int8 launch writes the activation's int8 copy where glu() would (the launch reads x
+  // in f32, never the scratch the copy goes to).
+  if (!half) {
+    ep.glu.stages = options_.int8_glu_epilogue;  // 1 or 2 copy stages per warp
+    if (cuda::glu_can_quantize(a)) ep.glu.q8 = q8_for_next_matmul(a.n, a.rows, &ep.glu.q8_row_bytes);
+  }
   // The activation over gate's or up's own rows (what the models do), so that every token's
   // row is its pair's own place; the kernel checks token 0's layout again.
   const bool in_place = (a.out == a.gate && a.out_stride == a.gate_stride) ||
                         (a.out == a.up && a.out_stride == a.up_stride);
   const Tensor* outs[] = {&gate, &up};
   if (!in_place || !pending_products_take(outs, ep)) return false;
-  fuse_into_pending_products(ep, sig, "gate_up_glu");
+  cuda::SignatureHash fused = sig;
+  fused.pod(ep.glu.q8), fused.pod(ep.glu.stages);
+  fuse_into_pending_products(ep, fused, "gate_up_glu");
+  if (!half) remember_q8(a.out, a.n, a.rows, a.out_stride, ep.glu.q8);
   return true;
 }
 
@@ -376,7 +393,8 @@ void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> pa
   const QuantizedInput after = from_f32 ? QuantizedInput{} : input;
   // Held back where the next op may join the launch's epilogue (one launch: one weight type).
   if (!accumulate && parts.size() >= 2 && launches.n == 1 && (!half || options_.half_epilogues != 0))
-    return defer_products(h, T, parts, K, std::move(launch), after, "matmul_parts", half ? &f32 : nullptr);
+    return defer_products(h, T, parts, K, std::move(launch), after, "matmul_parts", half ? &f32 : nullptr,
+                          !half && from_f32);
   record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "matmul_parts");
   quantized_input_ = after;
 }
@@ -438,7 +456,7 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
   const bool half = any_half(launches);
   if (parts.size() >= 2 && (mixed || (launches.n == 1 && (!half || options_.half_epilogues != 0))))
     return defer_products(h, T, parts, K, std::move(launch), QuantizedInput{}, "rmsnorm_matmul_parts",
-                          half && !mixed ? &in : nullptr);
+                          half && !mixed ? &in : nullptr, !half && !mixed);
   record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "rmsnorm_matmul_parts");
 }
 

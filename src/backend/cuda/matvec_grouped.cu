@@ -100,10 +100,26 @@ bool pair_epilogue_parts_fit(std::span<const MatvecPart> parts, const PairEpilog
          (st.cache_type == GgmlType::F32 || st.cache_type == GgmlType::F16);
 }
 
+namespace {
+
+// The glu epilogue's own needs (matvec_grouped_glu.cu): blocks own whole int8 blocks of the
+// activation (rows a multiple of 32), and its int8 copy, if any, is aligned and holds the
+// values and the scales of a row as glu() lays them out.
+bool glu_epilogue_fits(std::span<const MatvecPart> parts, const GluEpilogue& g) {
+  if (parts.size() != 2 || parts[0].rows % 32 != 0 || (g.stages != 1 && g.stages != 2)) return false;
+  if (!g.q8) return true;
+  const int64_t n = parts[0].rows;
+  return detail::aligned16(g.q8) && g.q8_row_bytes % 16 == 0 &&
+         g.q8_row_bytes >= (n + 15) / 16 * 16 + n / 32 * int64_t(sizeof(float2));
+}
+
+}  // namespace
+
 bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep) {
   if (ep.kind == PairEpilogueKind::None) return true;
-  if (ep.kind != PairEpilogueKind::RopeStore) return false;  // no glu here: see PairEpilogue
+  if (ep.kind != PairEpilogueKind::RopeStore && ep.kind != PairEpilogueKind::Glu) return false;
   if (cols % detail::kGroupElems != 0 || cols / detail::kGroupElems > detail::kMaxPairGroups) return false;
+  if (ep.kind == PairEpilogueKind::Glu && !glu_epilogue_fits(parts, ep.glu)) return false;
   return pair_epilogue_parts_fit(parts, ep);
 }
 
@@ -119,8 +135,9 @@ Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::sp
                            " columns do not fit the grouped kernel (q4_0 / q8_0 / q4_K / q6_K, 16-byte aligned, "
                            "at most " +
                            std::to_string(kMaxMatvecParts) + " parts)");
-  if (!detail::pair_epilogue_launchable(cols, parts, ep))
-    return Status::invalid("matvec_q8_parts: the pair epilogue does not fit");
+  if (ep.kind == PairEpilogueKind::Glu || !detail::pair_epilogue_launchable(cols, parts, ep))
+    return Status::invalid("matvec_q8_parts: the pair epilogue does not fit (the glu epilogue needs f32 x: "
+                           "matvec_f32_parts)");
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
   return detail::dispatch_type<false>(type, seg, total, cols, w_row_bytes, xq, F32Input{}, ep, stream);
@@ -143,6 +160,7 @@ Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::s
                            "at most " + std::to_string(kMaxF32InputCols) + " columns)");
   if (!detail::pair_epilogue_launchable(cols, parts, ep))
     return Status::invalid("matvec_f32_parts: the pair epilogue does not fit");
+  if (ep.kind == PairEpilogueKind::Glu) return detail::matvec_glu_f32_parts(type, cols, w_row_bytes, parts, in, ep, stream);
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);
   return detail::dispatch_type<true>(type, seg, total, cols, w_row_bytes, Q8Vector{}, in, ep, stream);

@@ -39,16 +39,25 @@ struct MatvecPart {
 //    are rotated as rope() does in its normal (not NeoX) style, with the angles of a
 //    rope_table(), and k and v also go into the KV cache at the token's slot: what
 //    rope_store() would do after the products.
-//  - Glu (f16 / bf16 kernel only): parts gate and up of equal rows; row i of each is one
-//    pair, and besides both products glu.out[i] = act(gate_i) * up_i is written: what glu()
-//    would do after the products. (In the int8 kernel the down product would then have to
-//    quantize the activation in every block: measured slower, docs/perf-notes.md round 5.)
+//  - Glu: parts gate and up of equal rows; row i of each is one pair, and besides both
+//    products glu.out[i] = act(gate_i) * up_i is written: what glu() would do after the
+//    products. The int8 kernel takes it over f32 x only (matvec_f32_parts), with rows a
+//    multiple of 32: its blocks own whole int8 blocks of the activation and also write its
+//    int8 copy (glu.q8, as glu() with GluArgs::q8), which the down product reads
+//    (matvec_grouped_glu.cu; without that copy the down product quantized the activation in
+//    every block: measured slower, docs/perf-notes.md round 5).
 enum class PairEpilogueKind : uint8_t { None, RopeStore, Glu };
 struct GluEpilogue {
   GluKind kind = GluKind::Silu;
   float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
   float* out = nullptr;                // token t's activation at out + t * out_stride
   int64_t out_stride = 0;
+  // int8 kernel only: token t's int8 copy of the activation at q8 + t * q8_row_bytes, laid
+  // out as GluArgs::q8 (16-byte aligned; null: none), and the kernel's copy stages per warp
+  // (1 or 2; the backend's KILN_CUDA_GLU_EPILOGUE_Q8 picks).
+  uint8_t* q8 = nullptr;
+  int64_t q8_row_bytes = 0;
+  int stages = 2;
 };
 struct PairEpilogue {
   PairEpilogueKind kind = PairEpilogueKind::None;
@@ -62,8 +71,9 @@ struct PairEpilogue {
 // rows, q and k whole heads, k and v as wide as the cache rows; Glu two parts of equal rows
 // and an output. No part accumulates.
 bool pair_epilogue_parts_fit(std::span<const MatvecPart> parts, const PairEpilogue& ep);
-// The int8 kernel's: the shapes above, RopeStore only, and rows of at most 16 groups (the
-// angles are checked at launch).
+// The int8 kernel's: the shapes above and rows of at most 16 groups (the angles are checked
+// at launch); for Glu also rows a multiple of 32, an aligned int8 copy (or none) and 1 or 2
+// stages.
 bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep);
 
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,

@@ -496,6 +496,11 @@ inline bool pair_epilogue_launchable(int64_t cols, std::span<const MatvecPart> p
 // epilogues need the former (matvec_pairs_fit).
 constexpr int kMaxPairGroups = 16;
 
+// Gate and up (parts 0 and 1) over f32 x with the glu in the epilogue (matvec_grouped_glu.cu;
+// the caller has checked matvec_pairs_fit and matvec_parts_f32_fit).
+Status matvec_glu_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                            const F32Input& in, const PairEpilogue& ep, cudaStream_t stream);
+
 template <typename Fmt, bool kFromF32, typename FmtB = Fmt>
 Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
                         const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream,

@@ -1,8 +1,8 @@
 #pragma once
 // What the grouped matvecs do with a pair of finished rows when a PairEpilogue asks
-// (matvec_grouped.h): shared by the int8 kernel (matvec_grouped_kernel.cuh, rope only) and
-// the f16 / bf16 one (matvec_f16_pairs.cu), so that both give the bits the separate
-// rope_store and glu kernels give.
+// (matvec_grouped.h): shared by the int8 kernels (matvec_grouped_kernel.cuh: rope;
+// matvec_grouped_glu.cu: glu) and the f16 / bf16 one (matvec_f16_pairs.cu), so that all
+// give the bits the separate rope_store and glu kernels give.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/glu_math.cuh"      // the activation
 #include "backend/cuda/matvec_grouped.h"
@@ -40,12 +40,14 @@ __device__ __forceinline__ void rope_store_pair(const PairEpilogue& ep, int part
 
 // Glu, for row i of gate and up (biases added): both products as they are, then the
 // activation, in that order, so that an activation written over gate's (or up's) own row
-// is what stays.
-__device__ __forceinline__ void glu_pair(const PairEpilogue& ep, int i, float gate, float up, float* gate_y,
-                                         float* up_y) {
+// is what stays. Returns the activation (the int8 kernel quantizes it too).
+__device__ __forceinline__ float glu_pair(const PairEpilogue& ep, int i, float gate, float up, float* gate_y,
+                                          float* up_y) {
   gate_y[i] = gate;
   up_y[i] = up;
-  ep.glu.out[ep.token * ep.glu.out_stride + i] = glu_of(ep.glu.kind, gate, up, ep.glu.alpha, ep.glu.limit);
+  const float h = glu_of(ep.glu.kind, gate, up, ep.glu.alpha, ep.glu.limit);
+  ep.glu.out[ep.token * ep.glu.out_stride + i] = h;
+  return h;
 }
 
 }  // namespace kiln::cuda::detail

@@ -1,0 +1,160 @@
+// The int8 grouped matvec of gate and up over f32 x with the glu in its epilogue
+// (PairEpilogueKind::Glu through matvec_f32_parts): besides both products it writes
+// h = act(gate) * up and h's int8 copy, which the down product reads, so that no glu kernel
+// runs between the two products.
+//
+// Why blocks own whole int8 blocks of h: the int8 copy's scale needs the largest |h| of 32
+// consecutive values. A thread block takes the 32 pairs (gate row i, up row i) of one int8
+// block: 8 warps x 4 tasks, a task being gate's row on lanes 0-15 and up's on lanes 16-31
+// (both rows' 16 groups copied into one stage, in flight together). Each row's lane sums
+// take the pair kernel's order (matvec_grouped_kernel.cuh, 16 lanes a row), so gate and up
+// are the bits the plain launch gives. Lane 0 of a task leaves both in shared memory; after
+// one block barrier one warp writes the 32 gates, ups and activations (glu_pair) and
+// quantizes the activations as the glu kernel does (quantize_block_spread: the same amax,
+// rounding and d * sum whatever the lanes), so the copy is the glu kernel's byte for byte.
+//
+// Grid: persistent, one block per resident slot at most, each looping over h-blocks b,
+// b + grid, ... (Llama-3-8B: 448 h-blocks over 264 resident blocks for q4_0). A second wave
+// of fresh blocks would pay the prologue (the wait, x normalized and quantized into shared
+// memory) again on the critical path; a looping block has its next h-block's first rows
+// in flight across the barrier. The shared values are double-buffered by h-block, so one
+// barrier per h-block suffices: the writer of round k reads buffer k % 2 before it reaches
+// round k + 1's barrier, and nothing writes that buffer again before that barrier.
+#include "backend/cuda/matvec_grouped_kernel.cuh"
+
+namespace kiln::cuda::detail {
+
+constexpr int kGluBlockValues = 32;                                   // one int8 block of h
+constexpr int kGluTasksPerWarp = kGluBlockValues / kGroupedWarps;     // 4
+constexpr int kGluLanesPerRow = kWarpSize / 2;                        // 16: two rows a task
+
+// The launch's view of gate (part 0) and up (part 1).
+struct GluProducts {
+  const uint8_t* w[2];
+  const float* add[2];
+  float* y[2];
+  int64_t w_row_bytes;
+  int rows;    // of each part, a multiple of 32
+  int groups;  // of each row, at most 16
+};
+
+template <typename Fmt, int kStages>
+__global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
+    matvec_glu_kernel(GluProducts p, F32Input in, PairEpilogue ep) {
+  constexpr int kG = group_bytes<Fmt>();
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ float gate_s[2][kGluBlockValues], up_s[2][kGluBlockValues];
+  uint8_t* x_s = smem;                                     // [groups][kXGroupBytes]
+  uint8_t* ds_s = x_s + size_t(p.groups) * kXGroupBytes;   // [groups][kDsGroupBytes]
+  uint8_t* stages = ds_s + size_t(p.groups) * kDsGroupBytes;
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int slot = lane / kGluLanesPerRow, li = lane % kGluLanesPerRow;  // slot 0 gate, 1 up
+  uint8_t* my_stages = stages + size_t(warp) * kStages * kWarpSize * kG;
+  const int h_blocks = p.rows / kGluBlockValues;
+  const int my_blocks = int(blockIdx.x) < h_blocks ? (h_blocks - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const int items = my_blocks * kGluTasksPerWarp;  // the same for every warp of the block
+  // Item i: round i / 4 (h-block blockIdx.x + round * grid), value (i % 4) * 8 + warp of it,
+  // so that the 8 warps read 8 consecutive rows of each part at a time.
+  auto h_block_of = [&](int i) { return int(blockIdx.x) + (i / kGluTasksPerWarp) * int(gridDim.x); };
+  auto value_of = [&](int i) { return (i % kGluTasksPerWarp) * kGroupedWarps + warp; };
+
+  // Copies item i's two rows into stage i % kStages; always commits a group.
+  const int n_pieces = p.groups * kG / 16;  // per row: whole, see matvec_grouped_fits
+  auto issue = [&](int i) {
+    if (i < items) {
+      const int64_t row = int64_t(h_block_of(i)) * kGluBlockValues + value_of(i);
+      uint8_t* dst = my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const uint8_t* src = p.w[s] + row * p.w_row_bytes;
+        for (int q = lane; q < n_pieces; q += kWarpSize)
+          cp_async_16(dst + s * kGluLanesPerRow * kG + 16 * q, src + 16 * q);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // As matvec_grouped_kernel over f32 x: this warp's first rows and the norm weights before
+  // the wait, then x normalized and quantized into shared memory by the whole block.
+  issue(0);
+  float4 norm_w[kPairF32Steps];
+  load_norm_weights<kPairF32Steps>(in, p.groups * kGroupElems, norm_w);
+  wait_for_previous_kernels();
+  allow_next_kernel();
+  quantize_input_to_shared(in, p.groups * kGroupElems, x_s, ds_s, norm_w);
+  cp_async_wait<0>();
+  __syncthreads();
+
+  for (int i = 0; i < items; ++i) {
+    if constexpr (kStages > 1) issue(i + 1);
+    cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
+    __syncwarp();                  // ... and every lane's
+    float acc = 0.0f;
+    if (li < p.groups) {
+      const uint8_t* stage = my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kGluLanesPerRow * kG;
+      const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
+      const float4* dg = reinterpret_cast<const float4*>(ds_s + li * kDsGroupBytes);
+      accumulate_group<Fmt>(stage + li * kG, xg, dg, acc);
+    }
+    __syncwarp();  // the stage is refilled by the next issue
+    if constexpr (kStages == 1) issue(i + 1);
+    float v = acc;  // the pair kernel's butterfly over a row's 16 lanes
+#pragma unroll
+    for (int off = kGluLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+    const int h_block = h_block_of(i), value = value_of(i), buf = (i / kGluTasksPerWarp) & 1;
+    const int row = h_block * kGluBlockValues + value;
+    const float* add = slot == 0 ? p.add[0] : p.add[1];
+    if (add) v += add[row];
+    const float up = __shfl_xor_sync(kFullMask, v, kGluLanesPerRow);
+    if (lane == 0) gate_s[buf][value] = v, up_s[buf][value] = up;
+    if (i % kGluTasksPerWarp == kGluTasksPerWarp - 1) {
+      __syncthreads();  // the h-block's 32 pairs are in shared memory
+      if (warp == (i / kGluTasksPerWarp) % kGroupedWarps) {  // the writer takes turns
+        const int at = h_block * kGluBlockValues + lane;
+        const float h = glu_pair(ep, at, gate_s[buf][lane], up_s[buf][lane], p.y[0], p.y[1]);
+        if (ep.glu.q8) {
+          uint8_t* q8 = ep.glu.q8 + ep.token * ep.glu.q8_row_bytes;  // quantize_q8's layout, as glu()
+          const float one[1] = {h};
+          quantize_block_spread<kWarpSize, 1>(one, reinterpret_cast<int8_t*>(q8) + at,
+                                              reinterpret_cast<float2*>(q8 + (p.rows + 15) / 16 * 16) + h_block);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+}
+
+template <typename Fmt, int kStages>
+Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  constexpr auto kernel = matvec_glu_kernel<Fmt, kStages>;
+  const size_t smem = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, kStages);
+  int blocks_per_sm = 0, sms = 0;
+  if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
+  const int grid = min(p.rows / kGluBlockValues, blocks_per_sm * sms);
+  launch_chained(kernel, grid, kGroupedThreads, smem, stream, p, in, ep);
+  return launch_status(kStages == 1 ? "matvec_glu_kernel (one stage)" : "matvec_glu_kernel");
+}
+
+template <typename Fmt>
+Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  if (ep.glu.stages == 1) return launch_glu_stages<Fmt, 1>(p, in, ep, stream);
+  return launch_glu_stages<Fmt, 2>(p, in, ep, stream);
+}
+
+Status matvec_glu_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
+                            const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  GluProducts p{};
+  for (int s = 0; s < 2; ++s) {
+    p.w[s] = static_cast<const uint8_t*>(parts[size_t(s)].w);
+    p.add[s] = parts[size_t(s)].add;
+    p.y[s] = parts[size_t(s)].y;
+  }
+  p.w_row_bytes = w_row_bytes, p.rows = int(parts[0].rows), p.groups = int(cols / kGroupElems);
+  if (type == GgmlType::Q4_0) return launch_glu<GroupQ4_0>(p, in, ep, stream);
+  if (type == GgmlType::Q4_K) return launch_glu<GroupQ4_K>(p, in, ep, stream);
+  if (type == GgmlType::Q6_K) return launch_glu<GroupQ6_K>(p, in, ep, stream);
+  return launch_glu<GroupQ8_0>(p, in, ep, stream);
+}
+
+}  // namespace kiln::cuda::detail
