@@ -68,13 +68,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
       for (int u = 0; u < kLoadsInFlight; ++u) {
         const int span = chunk * kLoadsInFlight + u;
         if (span * kWarpSize + lane >= pieces) continue;
-        float v[8];
-        Weights::unpack(w[u], v);
         const float4 a = x4[span * (kSpanCols / 4) + lane], b = x4[span * (kSpanCols / 4) + kWarpSize + lane];
-        acc0 = fmaf(v[0], a.x, acc0), acc1 = fmaf(v[1], a.y, acc1);
-        acc0 = fmaf(v[2], a.z, acc0), acc1 = fmaf(v[3], a.w, acc1);
-        acc0 = fmaf(v[4], b.x, acc0), acc1 = fmaf(v[5], b.y, acc1);
-        acc0 = fmaf(v[6], b.z, acc0), acc1 = fmaf(v[7], b.w, acc1);
+        dot8<Weights>(w[u], a, b, acc0, acc1);
       }
     }
     const float sum = warp_sum(acc0 + acc1);
@@ -89,14 +84,9 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
 template <typename Weights>
 Status launch_half(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
                    const F32Input& in, cudaStream_t stream) {
-  constexpr auto kernel = matvec_half_kernel<Weights>;
-  int blocks_per_sm = 0, sms = 0;
-  if (Status st = half_resident_blocks<kernel>(blocks_per_sm, sms); !st.ok()) return st;
   const int64_t blocks_needed = (total_rows + kHalfWarps - 1) / kHalfWarps;
-  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
-  launch_chained(kernel, grid, kHalfThreads, half_smem_bytes(cols), stream, seg, w_row_bytes, int(total_rows),
-                 int(cols), in);
-  return launch_status("matvec_half_kernel");
+  return launch_resident<matvec_half_kernel<Weights>>(blocks_needed, cols, stream, "matvec_half_kernel", seg,
+                                                      w_row_bytes, int(total_rows), int(cols), in);
 }
 
 }  // namespace detail

@@ -51,6 +51,19 @@ __device__ __forceinline__ uint4 load_weights_16(const void* p) {
   return v;
 }
 
+// One 16-byte load's 8 weights dotted with the lane's 8 columns of x (`a`: its first 4, `b`:
+// the next 4), even and odd elements into two accumulators. Every 16-bit kernel adds in this
+// order, so a row's sum has the same bits whichever kernel computes it.
+template <typename Weights>
+__device__ __forceinline__ void dot8(const uint4& w, const float4& a, const float4& b, float& acc0, float& acc1) {
+  float v[8];
+  Weights::unpack(w, v);
+  acc0 = fmaf(v[0], a.x, acc0), acc1 = fmaf(v[1], a.y, acc1);
+  acc0 = fmaf(v[2], a.z, acc0), acc1 = fmaf(v[3], a.w, acc1);
+  acc0 = fmaf(v[4], b.x, acc0), acc1 = fmaf(v[5], b.y, acc1);
+  acc0 = fmaf(v[6], b.z, acc0), acc1 = fmaf(v[7], b.w, acc1);
+}
+
 // Where column c (c % 4 == 0) of x sits in shared memory, in floats: spans of 256 columns
 // (one warp load), each as [half of a lane's 8 columns][lane][4 floats], so that lane l
 // reads its columns 8l..8l+3 and 8l+4..8l+7 of a span as float4 l of either half.
@@ -145,6 +158,17 @@ Status half_resident_blocks(int& blocks_per_sm, int& sms) {
   }
   blocks_per_sm = per_sm_found, sms = max(1, sm_count);
   return Status();
+}
+
+// Launches a 16-bit matvec kernel of kHalfThreads-thread blocks over x of `cols` values:
+// `blocks_needed` blocks, or as many as are resident if fewer.
+template <auto kernel, typename... Args>
+Status launch_resident(int64_t blocks_needed, int64_t cols, cudaStream_t stream, const char* name, Args&&... args) {
+  int blocks_per_sm = 0, sms = 0;
+  if (Status st = half_resident_blocks<kernel>(blocks_per_sm, sms); !st.ok()) return st;
+  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
+  launch_chained(kernel, grid, kHalfThreads, half_smem_bytes(cols), stream, std::forward<Args>(args)...);
+  return launch_status(name);
 }
 
 // The pair kernel's launch (matvec_f16_pairs.cu), after matvec_half_pairs_fit.

@@ -97,17 +97,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
         const int span = chunk * kPairLoads + u;
         if (span * kWarpSize + lane >= pieces) continue;
         const float4 xa = x4[span * (kSpanCols / 4) + lane], xb = x4[span * (kSpanCols / 4) + kWarpSize + lane];
-        float v[8];
-        Weights::unpack(wa[u], v);
-        a0 = fmaf(v[0], xa.x, a0), a1 = fmaf(v[1], xa.y, a1);
-        a0 = fmaf(v[2], xa.z, a0), a1 = fmaf(v[3], xa.w, a1);
-        a0 = fmaf(v[4], xb.x, a0), a1 = fmaf(v[5], xb.y, a1);
-        a0 = fmaf(v[6], xb.z, a0), a1 = fmaf(v[7], xb.w, a1);
-        Weights::unpack(wb[u], v);
-        b0 = fmaf(v[0], xa.x, b0), b1 = fmaf(v[1], xa.y, b1);
-        b0 = fmaf(v[2], xa.z, b0), b1 = fmaf(v[3], xa.w, b1);
-        b0 = fmaf(v[4], xb.x, b0), b1 = fmaf(v[5], xb.y, b1);
-        b0 = fmaf(v[6], xb.z, b0), b1 = fmaf(v[7], xb.w, b1);
+        dot8<Weights>(wa[u], xa, xb, a0, a1);
+        dot8<Weights>(wb[u], xa, xb, b0, b1);
       }
     }
     // Every lane holds both sums (a butterfly reduction): lanes 0 and 1 share the epilogue.
@@ -175,13 +166,8 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
       for (int u = 0; u < kLoadsInFlight; ++u) {
         const int span = chunk * kLoadsInFlight + u;
         if (span * kWarpSize + row_lane >= pieces) continue;
-        float v[8];
-        Weights::unpack(w[u], v);
         const float4 a = x4[span * (kSpanCols / 4) + row_lane], b = x4[span * (kSpanCols / 4) + kWarpSize + row_lane];
-        acc0 = fmaf(v[0], a.x, acc0), acc1 = fmaf(v[1], a.y, acc1);
-        acc0 = fmaf(v[2], a.z, acc0), acc1 = fmaf(v[3], a.w, acc1);
-        acc0 = fmaf(v[4], b.x, acc0), acc1 = fmaf(v[5], b.y, acc1);
-        acc0 = fmaf(v[6], b.z, acc0), acc1 = fmaf(v[7], b.w, acc1);
+        dot8<Weights>(w[u], a, b, acc0, acc1);
       }
     }
     float v = acc0 + acc1;
@@ -203,27 +189,17 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
 template <typename Weights>
 Status launch_pairs(const GroupedSegments& seg, int pairs, int64_t cols, int64_t w_row_bytes, const F32Input& in,
                     const PairEpilogue& ep, cudaStream_t stream) {
-  constexpr auto kernel = matvec_half_pairs_kernel<Weights>;
-  int blocks_per_sm = 0, sms = 0;
-  if (Status st = half_resident_blocks<kernel>(blocks_per_sm, sms); !st.ok()) return st;
   const int64_t blocks_needed = (pairs + kHalfWarps - 1) / kHalfWarps;
-  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
-  launch_chained(kernel, grid, kHalfThreads, half_smem_bytes(cols), stream, seg, w_row_bytes, pairs, int(cols), in,
-                 ep);
-  return launch_status("matvec_half_pairs_kernel");
+  return launch_resident<matvec_half_pairs_kernel<Weights>>(blocks_needed, cols, stream, "matvec_half_pairs_kernel", seg, w_row_bytes, pairs,
+                                          int(cols), in, ep);
 }
 
 template <typename Weights>
 Status launch_glu(const GroupedSegments& seg, int pairs, int64_t cols, int64_t w_row_bytes, const F32Input& in,
                   const PairEpilogue& ep, cudaStream_t stream) {
-  constexpr auto kernel = matvec_half_glu_kernel<Weights>;
-  int blocks_per_sm = 0, sms = 0;
-  if (Status st = half_resident_blocks<kernel>(blocks_per_sm, sms); !st.ok()) return st;
   const int64_t blocks_needed = (pairs + kGluDuos - 1) / kGluDuos;
-  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
-  launch_chained(kernel, grid, kHalfThreads, half_smem_bytes(cols), stream, seg, w_row_bytes, pairs, int(cols), in,
-                 ep);
-  return launch_status("matvec_half_glu_kernel");
+  return launch_resident<matvec_half_glu_kernel<Weights>>(blocks_needed, cols, stream, "matvec_half_glu_kernel", seg, w_row_bytes, pairs,
+                                          int(cols), in, ep);
 }
 
 // KILN_CUDA_HALF_GLU_SPLIT=0: the glu takes whole pairs per warp (measured slower, above).
