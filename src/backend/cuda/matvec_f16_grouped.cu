@@ -46,10 +46,7 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
   };
 
   if (first_row < rows) load_chunk(first_row, 0);
-  wait_for_previous_kernels();
-  allow_next_kernel();
-  stage_input(in, cols, x_s);
-  __syncthreads();
+  stage_input_after_wait(in, cols, x_s);
 
   const float4* x4 = reinterpret_cast<const float4*>(x_s);
   for (int row = first_row; row < rows; row += warps_total) {

@@ -132,6 +132,16 @@ __device__ inline void stage_input(const F32Input& in, int cols, float* x_s) {
   }
 }
 
+// The start of every 16-bit matvec once its warps have requested their first weights: wait
+// for the kernels before (they write x), let the next one be scheduled, stage x, and
+// synchronize the block.
+__device__ __forceinline__ void stage_input_after_wait(const F32Input& in, int cols, float* x_s) {
+  wait_for_previous_kernels();
+  allow_next_kernel();
+  stage_input(in, cols, x_s);
+  __syncthreads();
+}
+
 // Resident blocks of `kernel` (kHalfThreads threads) per multiprocessor and the
 // multiprocessors, found once per kernel: the dynamic shared-memory limit raised to the
 // widest x, the shared memory / L1 split set to the most shared memory (so that the

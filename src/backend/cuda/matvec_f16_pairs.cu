@@ -73,10 +73,7 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
   };
 
   if (first_pair < pairs) load_chunk(first_pair, 0);
-  wait_for_previous_kernels();
-  allow_next_kernel();
-  stage_input(in, cols, x_s);
-  __syncthreads();
+  stage_input_after_wait(in, cols, x_s);
 
   const float4* x4 = reinterpret_cast<const float4*>(x_s);
   for (int pair = first_pair; pair < pairs; pair += warps_total) {
@@ -149,10 +146,7 @@ __global__ void __launch_bounds__(kHalfThreads, 2)
   };
 
   if (first_pair < pairs) load_chunk(first_pair, 0);
-  wait_for_previous_kernels();
-  allow_next_kernel();
-  stage_input(in, cols, x_s);
-  __syncthreads();
+  stage_input_after_wait(in, cols, x_s);
 
   const float4* x4 = reinterpret_cast<const float4*>(x_s);
   for (int pair = first_pair; pair < pairs; pair += duos_total) {
