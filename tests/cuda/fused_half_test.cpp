@@ -16,9 +16,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "fused_ops_fixture.h"
 #include "model/model_test_util.h"
+#include "option_decode.h"
 #include "support/testdata.h"
 
 namespace kiln::testing {
@@ -140,19 +142,17 @@ TEST(FusedHalfModel, Tiny256F16DecodesAsTheUnfusedOps) {
   KILN_REQUIRE_TESTDATA(gguf_path, "quant/models/tiny256-F16.gguf");
   KILN_REQUIRE_TESTDATA(ids_path, "quant/models/ids.json");
   const nlohmann::json ref = read_json(ids_path);
-  const std::vector<int32_t> ids = to_ids(ref["ids"]);
   const int64_t vocab = ref["logits_shape"][1];
-  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 8);
+  const std::vector<int32_t> prompt = tiny256_prompt(ref);
   const auto file = gguf::File::open(gguf_path.string());
-  std::vector<int32_t> tokens[2];
   std::vector<float> logits[2];
+  std::vector<int32_t> tokens[2];
   for (int fused = 0; fused < 2; ++fused) {
     CudaOptions o;
     o.fused = fused == 1;
     o.graphs = fused == 1;
-    CudaBackend backend(o);
-    const auto model = Model::load(*file, backend);
-    tokens[fused] = greedy_decode(*model, backend, prompt, 16, 256, &logits[fused]);
+    OptionDecode run = decode_with_options(*file, o, prompt);
+    tokens[fused] = std::move(run.tokens), logits[fused] = std::move(run.logits);
   }
   EXPECT_EQ(tokens[1], tokens[0]);
   ASSERT_EQ(logits[1].size(), logits[0].size());

@@ -15,6 +15,7 @@
 
 #include "fused_ops_fixture.h"
 #include "model/model_test_util.h"
+#include "option_decode.h"
 #include "support/testdata.h"
 
 namespace kiln::testing {
@@ -102,29 +103,20 @@ TEST(HalfEpilogueModel, Tiny256F16DecodesTheSameWithAndWithoutTheEpilogues) {
   KILN_REQUIRE_GPU();
   KILN_REQUIRE_TESTDATA(gguf_path, "quant/models/tiny256-F16.gguf");
   KILN_REQUIRE_TESTDATA(ids_path, "quant/models/ids.json");
-  const nlohmann::json ref = read_json(ids_path);
-  const std::vector<int32_t> ids = to_ids(ref["ids"]);
-  const int64_t vocab = ref["logits_shape"][1];
-  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 8);
+  const std::vector<int32_t> prompt = tiny256_prompt(read_json(ids_path));
   const auto file = gguf::File::open(gguf_path.string());
-  std::vector<int32_t> tokens[2];
-  std::vector<float> logits[2];
-  int64_t ops[2] = {0, 0};
+  OptionDecode run[2];
   for (int on = 0; on < 2; ++on) {
     CudaOptions o;
     o.half_epilogues = on ? CudaOptions::kHalfEpilogueRope | CudaOptions::kHalfEpilogueGlu : 0;
-    CudaBackend backend(o);
-    const auto model = Model::load(*file, backend);
-    const int64_t before = backend.recorded_ops();
-    tokens[on] = greedy_decode(*model, backend, prompt, 16, 256, &logits[on], GgmlType::F16);
-    ops[on] = backend.recorded_ops() - before;
+    run[on] = decode_with_options(*file, o, prompt, GgmlType::F16);
   }
-  EXPECT_EQ(tokens[1], tokens[0]);
-  EXPECT_LT(ops[1], ops[0]) << "the epilogues never ran";
-  ASSERT_EQ(logits[1].size(), logits[0].size());
-  EXPECT_TRUE(all_equal_bits(logits[1], logits[0], "logits with the epilogues vs without"));
-  std::printf("[ tiny256-F16 ] ops recorded: %lld with the epilogues, %lld without\n", (long long)ops[1],
-              (long long)ops[0]);
+  EXPECT_EQ(run[1].tokens, run[0].tokens);
+  EXPECT_LT(run[1].ops, run[0].ops) << "the epilogues never ran";
+  ASSERT_EQ(run[1].logits.size(), run[0].logits.size());
+  EXPECT_TRUE(all_equal_bits(run[1].logits, run[0].logits, "logits with the epilogues vs without"));
+  std::printf("[ tiny256-F16 ] ops recorded: %lld with the epilogues, %lld without\n", (long long)run[1].ops,
+              (long long)run[0].ops);
 }
 
 }  // namespace

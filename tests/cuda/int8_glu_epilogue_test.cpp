@@ -15,6 +15,7 @@
 
 #include "fused_ops_fixture.h"
 #include "model/model_test_util.h"
+#include "option_decode.h"
 #include "support/testdata.h"
 
 namespace kiln::testing {
@@ -127,31 +128,23 @@ TEST(Int8GluEpilogueOff, GluRunsAsItsOwnKernel) {
 TEST(Int8GluEpilogueModel, Tiny256DecodesTheSameWithAndWithoutTheEpilogue) {
   KILN_REQUIRE_GPU();
   KILN_REQUIRE_TESTDATA(ids_path, "quant/models/ids.json");
-  const nlohmann::json ref = read_json(ids_path);
-  const std::vector<int32_t> ids = to_ids(ref["ids"]);
-  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 8);
+  const std::vector<int32_t> prompt = tiny256_prompt(read_json(ids_path));
   for (const char* name : {"tiny256-Q4_0", "tiny256-Q8_0", "tiny256-Q4_K_M"}) {
     SCOPED_TRACE(name);
     KILN_REQUIRE_TESTDATA(gguf_path, std::string("quant/models/") + name + ".gguf");
     const auto file = gguf::File::open(gguf_path.string());
-    std::vector<int32_t> tokens[2];
-    std::vector<float> logits[2];
-    int64_t ops[2] = {0, 0};
+    OptionDecode run[2];
     for (int on = 0; on < 2; ++on) {
       CudaOptions o;
       o.int8_glu_epilogue = on ? 2 : 0;
-      CudaBackend backend(o);
-      const auto model = Model::load(*file, backend);
-      const int64_t before = backend.recorded_ops();
-      tokens[on] = greedy_decode(*model, backend, prompt, 16, 256, &logits[on]);
-      ops[on] = backend.recorded_ops() - before;
+      run[on] = decode_with_options(*file, o, prompt);
     }
-    EXPECT_EQ(tokens[1], tokens[0]);
-    EXPECT_LT(ops[1], ops[0]) << "the epilogue never ran";
-    ASSERT_EQ(logits[1].size(), logits[0].size());
-    EXPECT_TRUE(all_equal_bits(logits[1], logits[0], "logits with the epilogue vs without"));
-    std::printf("[ %s ] ops recorded: %lld with the glu epilogue, %lld without\n", name, (long long)ops[1],
-                (long long)ops[0]);
+    EXPECT_EQ(run[1].tokens, run[0].tokens);
+    EXPECT_LT(run[1].ops, run[0].ops) << "the epilogue never ran";
+    ASSERT_EQ(run[1].logits.size(), run[0].logits.size());
+    EXPECT_TRUE(all_equal_bits(run[1].logits, run[0].logits, "logits with the epilogue vs without"));
+    std::printf("[ %s ] ops recorded: %lld with the glu epilogue, %lld without\n", name, (long long)run[1].ops,
+                (long long)run[0].ops);
   }
 }
 
