@@ -7,8 +7,7 @@
 // one range in blocks of 128, ranges merged in a cluster, ranges merged by the second
 // kernel; the token at the first position, at the ends and starts of ranges and at the last
 // planned position; f16 and f32 caches; head sizes 64, 128, 256; 1, 4 and 8 query heads per
-// kv head; every way a rotated element meets its partner; a slot of -1 (no cache write, the
-// same output).
+// kv head; a slot of -1 (no cache write, the same output).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -239,26 +238,6 @@ TEST(CudaDecodeNewToken, HeadDim256FourQueryHeadsPerKvHead) {
               300 + int(cache));
     c.k_norm = true, c.q_norm = false, c.n_rot = 128;
     run_plans(c, {{plan_of(1, 1, 64, false, true), 64}, {plan_of(4, 3, 96, false), 260}}, 350 + int(cache));
-  }
-}
-
-// Each way a rotated element finds its partner: neox pairs n_rot / 2 apart in the same lane
-// (n_rot / 2 of 32, 64, 96, 128: a partner 1 to 4 registers on), neox pairs in other lanes
-// (n_rot / 2 of 48 and 20: through shared memory), neighbouring pairs (the next lane).
-TEST(CudaDecodeNewToken, EveryRotationLayout) {
-  KILN_REQUIRE_GPU();
-  uint64_t seed = 600;
-  struct Layout {
-    int head_dim, n_rot;
-    bool neox;
-  };
-  for (const Layout& l : {Layout{128, 64, true}, Layout{128, 96, true}, Layout{128, 40, true}, Layout{128, 128, false},
-                          Layout{256, 192, true}, Layout{256, 256, true}, Layout{256, 96, false}, Layout{64, 64, true}}) {
-    HeadShape c{l.head_dim, 16, 4, GgmlType::F16, l.n_rot};
-    c.neox = l.neox;
-    const int heads = l.head_dim == 256 ? 4 : 2;
-    run_plans(c, {{plan_of(heads, 4, 64, true), 256}, {plan_of(2, 1, 130, false, true), 130}}, seed);
-    seed += 20;
   }
 }
 

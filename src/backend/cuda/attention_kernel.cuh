@@ -20,12 +20,10 @@
 // and block table (uploads) and asks L2 for the K and V rows of its keys, so that the loads
 // after the wait find them there. A block whose range holds none of its token's keys waits
 // for nothing: it leaves at once, or in a cluster only joins the barriers.
-// After the wait a block requests its first step of K and V rows before it prepares its
-// queries, so that those round trips overlap.
 // With kNewToken (DecodeNewToken) the block normalizes and rotates its queries as it loads
-// them (the norm weights and the token's slot read before the wait), and the block whose
-// range holds the token's position computes that key itself (prepare_new_token,
-// attention_new_token.cuh) and reads it from shared memory, not the cache.
+// them (the norm weights loaded before the wait), and the block whose range holds the
+// token's position computes that key itself (prepare_new_token, attention_new_token.cuh) and
+// reads it from shared memory, not the cache.
 #include <cooperative_groups.h>
 
 #include <string>
@@ -153,30 +151,6 @@ __device__ void merge_in_cluster(const DecodeAttentionArgs& a, int seq, int head
   cluster.sync();  // no block leaves while another may still read its shared memory
 }
 
-// One step of the key loop's loads: key j = base + u * kKeyGroups + group of the range (keys
-// k0 ..), 8 elements from this thread's offset of its K and V rows. Keys past the range read
-// as zeros (and are not valid); skip_last leaves the range's last key to the caller (the
-// token's own key, not in the cache yet).
-template <typename KV, int kUnroll, int kKeyGroups>
-__device__ __forceinline__ void load_key_step(const DecodeAttentionArgs& a, const int32_t* table, const KV* k_base,
-                                              const KV* v_base, int k0, int n_keys, int base, int group,
-                                              bool skip_last, float (&kv)[kUnroll][8], float (&vv)[kUnroll][8],
-                                              bool (&valid)[kUnroll]) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int j = base + u * kKeyGroups + group;
-    valid[u] = j < n_keys;
-    if (valid[u] && !(skip_last && j == n_keys - 1)) {
-      const int64_t slot = slot_of(a, table, k0 + j);
-      load8(k_base + slot * a.k_slot_stride, kv[u]);
-      load8(v_base + slot * a.v_slot_stride, vv[u]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) kv[u][e] = 0.0f, vv[u][e] = 0.0f;
-    }
-  }
-}
-
 template <int D, typename KV, int kHeads, bool kSoftcap, bool kCluster, bool kNewToken = false,
           int kThreads = kAttnThreads>
 __global__ void __launch_bounds__(kThreads)
@@ -210,14 +184,9 @@ __global__ void __launch_bounds__(kThreads)
       prefetch_l2(k_head + slot * a.k_slot_stride, D * sizeof(KV));
       prefetch_l2(v_head + slot * a.v_slot_stride, D * sizeof(KV));
     }
-  // The range's last key is the token's own when it holds the token's position.
-  const bool holds_key = kNewToken && n_keys > 0 && k0 + n_keys - 1 == pos;
   std::conditional_t<kNewToken, LaneNormWeights<D>, NoNewToken> norm_weights;
-  int64_t new_slot = -1;  // the token's cache slot (an upload)
-  if constexpr (kNewToken) {
+  if constexpr (kNewToken)
     if (n_keys > 0) load_lane_norm_weights<D>(a.new_token, norm_weights);
-    if (holds_key) new_slot = *a.new_token.slot;
-  }
   if (n_keys == 0) {  // nothing of this token here: needs no input, leaves nothing to merge
     allow_next_kernel();
     if constexpr (kCluster) merge_in_cluster<D, kHeads>(a, seq, head0, 0, &red_s[0][0][0], &ml_s[0][0]);
@@ -226,17 +195,13 @@ __global__ void __launch_bounds__(kThreads)
   begin_chained_kernel();
   const KV* k_base = k_head + 8 * c;
   const KV* v_base = v_head + 8 * c;
-  // The first step's keys are requested before the queries are prepared, so that their round
-  // trip overlaps the queries' instead of following the barrier.
-  float kv[kUnroll][8], vv[kUnroll][8];
-  bool valid[kUnroll];
-  load_key_step<KV, kUnroll, kKeyGroups>(a, table, k_base, v_base, k0, n_keys, 0, group, holds_key, kv, vv, valid);
 
+  // The range's last key is the token's own when it holds the token's position.
+  const bool holds_key = kNewToken && k0 + n_keys - 1 == pos;
   // An f16 cache takes an f16 query (as llama.cpp's flash attention and the CPU backend):
   // the products are then exact and only the f32 sums round.
   if constexpr (kNewToken) {
-    prepare_new_token<D, KV, kHeads, kThreads>(a, seq, head0, kv_head, holds_key, new_slot, norm_weights, q_s,
-                                               new_s);
+    prepare_new_token<D, KV, kHeads, kThreads>(a, seq, head0, kv_head, holds_key, norm_weights, q_s, new_s);
   } else {
     for (int i = tid; i < kHeads * D; i += kThreads)
       q_s[i / D][i % D] = rounded_as<KV>(a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D]);
@@ -253,16 +218,27 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < 8; ++e) acc[h][e] = 0.0f;
   }
   for (int base = 0; base < n_keys; base += kUnroll * kKeyGroups) {
-    if (base > 0)
-      load_key_step<KV, kUnroll, kKeyGroups>(a, table, k_base, v_base, k0, n_keys, base, group, holds_key, kv, vv,
-                                             valid);
-    if constexpr (kNewToken) {
-      if (holds_key)
+    float kv[kUnroll][8], vv[kUnroll][8];
+    bool valid[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-          if (base + u * kKeyGroups + group == n_keys - 1)  // the token's own key: not in the cache yet
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kKeyGroups + group;
+      valid[u] = j < n_keys;
+      if constexpr (kNewToken) {
+        if (holds_key && j == n_keys - 1) {  // the token's own key: not in the cache yet
 #pragma unroll
-            for (int e = 0; e < 8; ++e) kv[u][e] = new_s.key[8 * c + e], vv[u][e] = new_s.value[8 * c + e];
+          for (int e = 0; e < 8; ++e) kv[u][e] = new_s.key[8 * c + e], vv[u][e] = new_s.value[8 * c + e];
+          continue;
+        }
+      }
+      if (valid[u]) {
+        const int64_t slot = slot_of(a, table, k0 + j);
+        load8(k_base + slot * a.k_slot_stride, kv[u]);
+        load8(v_base + slot * a.v_slot_stride, vv[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kv[u][e] = 0.0f, vv[u][e] = 0.0f;
+      }
     }
 #pragma unroll
     for (int h = 0; h < kHeads; ++h) {

@@ -7,10 +7,7 @@
 // A warp per head (a query head, the token's key, its value): lane l holds the head's values
 // l, l + 32, ... in registers. A warp with several heads (8 query heads on 4 warps) takes
 // them side by side, so that their dependent steps (loads, the norm's warp sum, the
-// partner's value for the rotation) overlap instead of adding up. A rotated element's
-// partner is, for neox pairs (i, i + n_rot / 2) with n_rot / 2 a multiple of 32, a register
-// of the same lane; for neighbouring pairs (2i, 2i + 1) the next or previous lane's value of
-// the same register (a shuffle); only other neox sizes pass values through shared memory.
+// partner's value for the rotation) overlap instead of adding up.
 #include <type_traits>
 
 #include "backend/cuda/attention.h"
@@ -49,44 +46,17 @@ __device__ void load_lane_norm_weights(const DecodeNewToken& nt, LaneNormWeights
   }
 }
 
-// neox pairs when n_rot / 2 = kStride * 32: value j of a lane (element j * 32 + lane) pairs
-// with value j + kStride of the same lane; c and s are the pair's cosine and sine.
-template <int kStride, int kPerLane>
-__device__ __forceinline__ void rotate_pairs_in_lane(float (&v)[kPerLane], const float (&c)[kPerLane],
-                                                     const float (&s)[kPerLane]) {
-#pragma unroll
-  for (int j = 0; j < kStride; ++j) {
-    const float x0 = v[j], x1 = v[j + kStride];
-    v[j] = rotated_first(x0, x1, c[j], s[j]);
-    v[j + kStride] = rotated_second(x0, x1, c[j], s[j]);
-  }
-}
-
-// rotate_pairs_in_lane() on the rounds that rotate, for the run-time stride (n_rot / 64).
-template <int kStride, int kPerLane, int kRounds>
-__device__ __forceinline__ void rotate_rounds_in_lane(int stride, const bool (&rotates)[kRounds],
-                                                      float (&v)[kRounds][kPerLane], const float (&c)[kPerLane],
-                                                      const float (&s)[kPerLane]) {
-  if constexpr (2 * kStride <= kPerLane) {
-    if (stride != kStride) return rotate_rounds_in_lane<kStride + 1>(stride, rotates, v, c, s);
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r)
-      if (rotates[r]) rotate_pairs_in_lane<kStride>(v[r], c, s);
-  }
-}
-
 // After the wait (q, k and v are the kernel before's outputs; the angles are a kernel's
 // earlier in the step): leaves the block's kHeads query heads (from head0) of sequence seq in
 // q_s, RMS-normalized where a q weight is given, rotated and rounded as the cache's type (the
 // query an f16 cache takes is f16). With holds_key (the block's key range holds the token's
 // position), also the token's key of kv head kv_head in s.key (normalized, rotated, rounded)
 // and its value in s.value (rounded); the block of the kv head's first query head writes
-// both into the cache slot `slot` (read before the wait: an upload). Every thread of the
-// block calls this; the caller syncs the block before reading what it leaves.
+// both into the cache slot. Every thread of the block calls this; the caller syncs the block
+// before reading what it leaves.
 template <int D, typename KV, int kHeads, int kThreads>
 __device__ void prepare_new_token(const DecodeAttentionArgs& a, int seq, int head0, int kv_head, bool holds_key,
-                                  int64_t slot, const LaneNormWeights<D>& w, float (&q_s)[kHeads][D],
-                                  NewTokenShared<D>& s) {
+                                  const LaneNormWeights<D>& w, float (&q_s)[kHeads][D], NewTokenShared<D>& s) {
   constexpr int kPerLane = D / kWarpSize;
   constexpr int kWarps = kThreads / kWarpSize;
   constexpr int kRounds = (kHeads + 2 + kWarps - 1) / kWarps;  // heads per warp at most
@@ -119,56 +89,37 @@ __device__ void prepare_new_token(const DecodeAttentionArgs& a, int seq, int hea
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) inv[r] = head_rms_inverse(lane_sum_of_squares(v[r]), D, nt.eps);
   float* rows[kRounds];
-  bool rotates[kRounds];  // query heads and the key rotate (warp-uniform)
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
     const int item = warp + r * kWarps;
     rows[r] = item < kHeads ? q_s[item < kHeads ? item : 0] : item == kHeads ? s.key : s.value;
-    rotates[r] = item < items && item < kHeads + 1;
     const bool normed = item < kHeads ? nt.q_norm != nullptr : item == kHeads && nt.k_norm != nullptr;
     if (normed)
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) v[r][j] = head_normed(v[r][j], inv[r], item < kHeads ? w.q[j] : w.k[j]);
+    if (item < items)
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) rows[r][j * kWarpSize + lane] = v[r][j];
   }
+  __syncwarp();  // each element's rotation reads its partner, another lane's value
 
-  // The rotation: each element with its partner (rotated_element's arithmetic, rope_math.cuh).
-  if (nt.neox && half % kWarpSize == 0) {
-    rotate_rounds_in_lane<1>(half / kWarpSize, rotates, v, c, sn);
-  } else if (!nt.neox) {
+  // Every block of the group computes the same key and value; one writes them.
+  const int64_t slot = *nt.slot;
+  const bool writes = holds_key && head0 % (a.n_head / a.n_head_kv) == 0 && slot >= 0 && slot < nt.n_slots;
 #pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-      if (!rotates[r]) continue;
-#pragma unroll
-      for (int j = 0; j < kPerLane; ++j) {
-        const int d = j * kWarpSize + lane;
-        const float partner = __shfl_xor_sync(kFullMask, v[r][j], 1);  // element d ^ 1
-        if (d < nt.n_rot) v[r][j] = rotated_element(rope_element(d, half, false), v[r][j], partner, c[j], sn[j]);
-      }
-    }
-  } else {  // neox pairs half apart in other lanes: through this warp's rows in shared memory
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r)
-      if (rotates[r])
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j) rows[r][j * kWarpSize + lane] = v[r][j];
-    __syncwarp();
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-      if (!rotates[r]) continue;
+  for (int r = 0; r < kRounds; ++r) {
+    const int item = warp + r * kWarps;
+    if (item < items && item < kHeads + 1)  // query heads and the key rotate
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         const int d = j * kWarpSize + lane;
         if (d < nt.n_rot) {
-          const RopeElement e = rope_element(d, half, true);
+          const RopeElement e = rope_element(d, half, nt.neox);
           v[r][j] = rotated_element(e, v[r][j], rows[r][e.partner], c[j], sn[j]);
         }
       }
-    }
-    __syncwarp();  // the partners are read: the rows may be overwritten
   }
-
-  // Every block of the group computes the same key and value; one writes them.
-  const bool writes = holds_key && head0 % (a.n_head / a.n_head_kv) == 0 && slot >= 0 && slot < nt.n_slots;
+  __syncwarp();  // the partners are read: the rows may be overwritten
 #pragma unroll
   for (int r = 0; r < kRounds; ++r) {
     const int item = warp + r * kWarps;
