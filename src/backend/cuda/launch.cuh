@@ -19,16 +19,6 @@ inline bool chained_launches_enabled() {
   return enabled;
 }
 
-// Resident blocks per multiprocessor a decode product may take, of the `fit` its occupancy
-// allows. KILN_CUDA_PRODUCT_BLOCKS_PER_SM=N (0 or unset: all that fit) caps the grouped int8
-// and 16-bit matvecs' grids at N blocks per multiprocessor, leaving room for the next chained
-// kernel's blocks to become resident and request their weights while the product still runs
-// (a measuring switch; the results do not depend on the grid).
-inline int product_blocks_per_sm(int fit) {
-  static const int cap = env_int("KILN_CUDA_PRODUCT_BLOCKS_PER_SM", 0);
-  return cap > 0 && cap < fit ? cap : fit;
-}
-
 template <typename... Params, typename... Args>
 cudaError_t launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                            Args&&... args) {

@@ -166,7 +166,7 @@ Status half_resident_blocks(int& blocks_per_sm, int& sms) {
       return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (16-bit matvec)");
     per_sm_found = max(1, per_sm);
   }
-  blocks_per_sm = product_blocks_per_sm(per_sm_found), sms = max(1, sm_count);
+  blocks_per_sm = per_sm_found, sms = max(1, sm_count);
   return Status();
 }
 

@@ -443,7 +443,7 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
       return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (matvec_grouped_kernel)");
     occupancy_smem = smem;
   }
-  blocks_per_sm = product_blocks_per_sm(max(1, blocks)), sms = max(1, sm_count);
+  blocks_per_sm = max(1, blocks), sms = max(1, sm_count);
   return Status();
 }
 
