@@ -131,8 +131,10 @@ TEST_P(MatvecTest, PaddedRowsFusedAddAndBlockShapes) {
 }
 
 // Widths of whole 256-element groups (the grouped q4_0 / q8_0 / q4_K / q6_K kernel; q6_K takes
-// 17 groups to the general kernel): 16 groups (two rows per warp), 56 (a full and a partial
-// chunk of 32 groups), 17; rows that leave a task half empty; the fused addend.
+// 17 groups to the general kernel): 16 groups (two rows per warp), 8 and 56 (four rows per
+// warp, 8 lanes a row, unless KILN_CUDA_GROUPED_EIGHT_LANES=0: then 56 is a full and a partial
+// chunk of 32 groups), 17, 32 (one row per warp, one chunk of 32); rows that leave a task
+// partly empty; the fused addend.
 TEST_P(MatvecTest, LlamaShapesAndGroupedWidths) {
   KILN_REQUIRE_GPU();
   const GgmlType type = GetParam();
@@ -146,6 +148,7 @@ TEST_P(MatvecTest, LlamaShapesAndGroupedWidths) {
   check_matvec(type, {5999, 2048}, 0, true, 0, 0, seed++);
   check_matvec(type, {33, 14336}, 0, false, 0, 0, seed++);
   check_matvec(type, {67, 17 * 256}, 0, true, 0, 0, seed++);
+  check_matvec(type, {45, 8192}, 0, false, 0, 0, seed++);
 }
 
 // q6_K in the grouped kernel: its 210-byte super-blocks start on a 16-byte boundary every 8,

@@ -17,6 +17,14 @@ int grouped_one_stage_mode() {
   return mode;
 }
 
+int grouped_eight_lanes_mode() {
+  static const int mode = [] {
+    const int v = env_int("KILN_CUDA_GROUPED_EIGHT_LANES", 1);
+    return v == 0 || v == 2 ? v : 1;
+  }();
+  return mode;
+}
+
 template <bool kFromF32>
 Status dispatch_type(GgmlType type, const GroupedSegments& seg, int64_t total_rows, int64_t cols,
                      int64_t w_row_bytes, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,

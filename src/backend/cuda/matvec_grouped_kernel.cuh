@@ -286,7 +286,7 @@ __device__ inline void quantize_input_to_shared(const F32Input& in, int cols, ui
   }
 }
 
-// kLanesPerRow: 32 (one row per task) or 16 (two rows per task). kStages: 2, or 1 for launches
+// kLanesPerRow: 32 (one row per task), 16 (two rows per task) or 8 (four). kStages: 2, or 1 for launches
 // where every warp has at most one item (launch_grouped picks it, see kOneStageMaxCols: then
 // a warp's whole share of the weights is in flight before the wait, and the smaller stages
 // and at most 80 registers -- the launch bound's minimum of 3 blocks; 0 sets none -- let 3
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
   // them), then x, which the kernels before produce, into shared memory, padded per group
   // (all threads).
   issue(0);
-  constexpr int kSteps = kLanesPerRow == 16 ? kPairF32Steps : kF32Steps;
+  constexpr int kSteps = kLanesPerRow <= 16 ? kPairF32Steps : kF32Steps;  // 8 lanes over f32: <= 16 groups
   float4 norm_w[kFromF32 ? kSteps : 1];
   if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
@@ -462,11 +462,11 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   int blocks_per_sm = 0, sms = 0;
-  // Rows of two per task are one item each (one chunk per row): where every task fits a warp
-  // of the one-stage kernel's resident blocks, each warp has a single item.
-  if constexpr (kLanesPerRow == 16) {
+  // Rows of one chunk are one item a task: where every task fits a warp of the one-stage
+  // kernel's resident blocks, each warp has a single item.
+  if constexpr (kLanesPerRow <= 16) {
     const int mode = grouped_one_stage_mode();
-    if (mode == 2 || (mode == 1 && cols <= kOneStageMaxCols)) {
+    if (cols / kGroupElems <= kLanesPerRow && (mode == 2 || (mode == 1 && cols <= kOneStageMaxCols))) {
       constexpr auto one_stage = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 1>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 1);
       if (Status s = grouped_occupancy<one_stage>(smem, blocks_per_sm, sms); !s.ok()) return s;
@@ -496,6 +496,26 @@ inline bool pair_epilogue_launchable(int64_t cols, std::span<const MatvecPart> p
 // epilogues need the former (matvec_pairs_fit).
 constexpr int kMaxPairGroups = 16;
 
+// Lanes that have a group in a row's chunk, of the lanes per row that the chunks take.
+constexpr bool busier_with_eight_lanes(int64_t groups, int lanes) {
+  const int64_t chunks = (groups + lanes - 1) / lanes, eight_chunks = (groups + 7) / 8;
+  return 8 * eight_chunks < lanes * chunks;  // the same groups over fewer lane slots
+}
+
+// Four rows a task (8 lanes each) where that leaves fewer lanes idle than the 16 or 32 above:
+// rows of 8 groups (a hidden size of 2048: 16 lanes would leave half idle) or of 56 (Llama-3-8B's
+// down over 14336: 32 lanes leave 8 of 64 idle). Not with a pair epilogue (it pairs rows across
+// 16 lanes), nor for wide rows over f32 x (its quantizing prologue is sized for 16 groups).
+// KILN_CUDA_GROUPED_EIGHT_LANES=0 keeps 16 / 32; =2 takes 8 for every width of whole chunks of
+// 8 groups (a measuring mode: four rows a task also share each x load four ways).
+int grouped_eight_lanes_mode();
+inline bool takes_eight_lanes(int64_t groups, PairEpilogueKind epilogue, bool from_f32) {
+  const int mode = grouped_eight_lanes_mode();
+  if (mode == 0 || epilogue != PairEpilogueKind::None || (from_f32 && groups > kMaxPairGroups)) return false;
+  if (mode == 2 && groups % 8 == 0) return true;
+  return busier_with_eight_lanes(groups, groups <= kMaxPairGroups ? 16 : 32);
+}
+
 // Gate and up (parts 0 and 1) over f32 x with the glu in the epilogue (matvec_grouped_glu.cu;
 // the caller has checked matvec_pairs_fit and matvec_parts_f32_fit).
 Status matvec_glu_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
@@ -505,6 +525,8 @@ template <typename Fmt, bool kFromF32, typename FmtB = Fmt>
 Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
                         const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream,
                         const SecondFormat& second = {}) {
+  if (takes_eight_lanes(cols / kGroupElems, ep.kind, kFromF32))
+    return launch_grouped<Fmt, FmtB, 8, kFromF32>(seg, total_rows, cols, w_row_bytes, second, xq, in, ep, stream);
   if (cols / kGroupElems <= kMaxPairGroups)
     return launch_grouped<Fmt, FmtB, 16, kFromF32>(seg, total_rows, cols, w_row_bytes, second, xq, in, ep, stream);
   return launch_grouped<Fmt, FmtB, 32, kFromF32>(seg, total_rows, cols, w_row_bytes, second, xq, in, ep, stream);
