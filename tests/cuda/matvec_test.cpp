@@ -131,10 +131,9 @@ TEST_P(MatvecTest, PaddedRowsFusedAddAndBlockShapes) {
 }
 
 // Widths of whole 256-element groups (the grouped q4_0 / q8_0 / q4_K / q6_K kernel; q6_K takes
-// 17 groups to the general kernel): 16 groups (two rows per warp), 8 and 56 (four rows per
-// warp, 8 lanes a row, unless KILN_CUDA_GROUPED_EIGHT_LANES=0: then 56 is a full and a partial
-// chunk of 32 groups), 17, 32 (one row per warp, one chunk of 32); rows that leave a task
-// partly empty; the fused addend.
+// 17 groups to the general kernel): 16 groups (two rows per warp), 8 (four rows per warp, 8
+// lanes a row, unless KILN_CUDA_GROUPED_EIGHT_LANES=0), 56 (a full and a partial chunk of 32
+// groups), 17, 32 (one chunk of 32); rows that leave a task partly empty; the fused addend.
 TEST_P(MatvecTest, LlamaShapesAndGroupedWidths) {
   KILN_REQUIRE_GPU();
   const GgmlType type = GetParam();

@@ -17,12 +17,9 @@ int grouped_one_stage_mode() {
   return mode;
 }
 
-int grouped_eight_lanes_mode() {
-  static const int mode = [] {
-    const int v = env_int("KILN_CUDA_GROUPED_EIGHT_LANES", 1);
-    return v == 0 || v == 2 ? v : 1;
-  }();
-  return mode;
+bool grouped_eight_lanes_enabled() {
+  static const bool enabled = env_int("KILN_CUDA_GROUPED_EIGHT_LANES", 1) != 0;
+  return enabled;
 }
 
 template <bool kFromF32>

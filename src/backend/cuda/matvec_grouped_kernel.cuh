@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
   // them), then x, which the kernels before produce, into shared memory, padded per group
   // (all threads).
   issue(0);
-  constexpr int kSteps = kLanesPerRow <= 16 ? kPairF32Steps : kF32Steps;  // 8 lanes over f32: <= 16 groups
+  constexpr int kSteps = kLanesPerRow <= 16 ? kPairF32Steps : kF32Steps;  // <= 16 groups: see dispatch_grouped
   float4 norm_w[kFromF32 ? kSteps : 1];
   if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
@@ -496,24 +496,15 @@ inline bool pair_epilogue_launchable(int64_t cols, std::span<const MatvecPart> p
 // epilogues need the former (matvec_pairs_fit).
 constexpr int kMaxPairGroups = 16;
 
-// Lanes that have a group in a row's chunk, of the lanes per row that the chunks take.
-constexpr bool busier_with_eight_lanes(int64_t groups, int lanes) {
-  const int64_t chunks = (groups + lanes - 1) / lanes, eight_chunks = (groups + 7) / 8;
-  return 8 * eight_chunks < lanes * chunks;  // the same groups over fewer lane slots
-}
-
-// Four rows a task (8 lanes each) where that leaves fewer lanes idle than the 16 or 32 above:
-// rows of 8 groups (a hidden size of 2048: 16 lanes would leave half idle) or of 56 (Llama-3-8B's
-// down over 14336: 32 lanes leave 8 of 64 idle). Not with a pair epilogue (it pairs rows across
-// 16 lanes), nor for wide rows over f32 x (its quantizing prologue is sized for 16 groups).
-// KILN_CUDA_GROUPED_EIGHT_LANES=0 keeps 16 / 32; =2 takes 8 for every width of whole chunks of
-// 8 groups (a measuring mode: four rows a task also share each x load four ways).
-int grouped_eight_lanes_mode();
-inline bool takes_eight_lanes(int64_t groups, PairEpilogueKind epilogue, bool from_f32) {
-  const int mode = grouped_eight_lanes_mode();
-  if (mode == 0 || epilogue != PairEpilogueKind::None || (from_f32 && groups > kMaxPairGroups)) return false;
-  if (mode == 2 && groups % 8 == 0) return true;
-  return busier_with_eight_lanes(groups, groups <= kMaxPairGroups ? 16 : 32);
+// Four rows a task (8 lanes each) for rows of at most 8 groups (a hidden size of 2048), where
+// 16 lanes a row would leave half of them idle. The sums keep their bits: 16 lanes over 8
+// groups add zeros first, then reduce as 8 do. Not with a pair epilogue (it pairs rows across
+// 16 lanes). Measured (docs/perf-notes.md, round 11): Qwen3-30B-A3B tg128 446.9 -> 460.7;
+// wider rows in 8 lanes (Llama-3-8B's down, 56 groups: 4 rows of 1152-byte pieces in flight
+// per warp instead of one of 4608) lost 4-10%. KILN_CUDA_GROUPED_EIGHT_LANES=0 keeps 16.
+bool grouped_eight_lanes_enabled();
+inline bool takes_eight_lanes(int64_t groups, PairEpilogueKind epilogue) {
+  return groups <= 8 && epilogue == PairEpilogueKind::None && grouped_eight_lanes_enabled();
 }
 
 // Gate and up (parts 0 and 1) over f32 x with the glu in the epilogue (matvec_grouped_glu.cu;
@@ -525,7 +516,7 @@ template <typename Fmt, bool kFromF32, typename FmtB = Fmt>
 Status dispatch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
                         const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream,
                         const SecondFormat& second = {}) {
-  if (takes_eight_lanes(cols / kGroupElems, ep.kind, kFromF32))
+  if (takes_eight_lanes(cols / kGroupElems, ep.kind))
     return launch_grouped<Fmt, FmtB, 8, kFromF32>(seg, total_rows, cols, w_row_bytes, second, xq, in, ep, stream);
   if (cols / kGroupElems <= kMaxPairGroups)
     return launch_grouped<Fmt, FmtB, 16, kFromF32>(seg, total_rows, cols, w_row_bytes, second, xq, in, ep, stream);
