@@ -20,6 +20,9 @@
 // in flight across the barrier. The shared values are double-buffered by h-block, so one
 // barrier per h-block suffices: the writer of round k reads buffer k % 2 before it reaches
 // round k + 1's barrier, and nothing writes that buffer again before that barrier.
+#include <algorithm>
+
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/matvec_grouped_kernel.cuh"
 
 namespace kiln::cuda::detail {
@@ -125,13 +128,22 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
   cp_async_wait<0>();
 }
 
+// KILN_CUDA_GLU_ROUNDS=r (a measuring switch): a grid of ceil(h-blocks / r) blocks, so that
+// every block loops over r h-blocks, instead of every resident slot (Llama-3-8B: 448 h-blocks
+// over 264 q4_0 blocks, so 184 blocks take two and 80 one; q8_0 448 over 132: 3 or 4).
+int glu_rounds() {
+  static const int rounds = std::max(0, env_int("KILN_CUDA_GLU_ROUNDS", 0));
+  return rounds;
+}
+
 template <typename Fmt, int kStages>
 Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   constexpr auto kernel = matvec_glu_kernel<Fmt, kStages>;
   const size_t smem = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, kStages);
   int blocks_per_sm = 0, sms = 0;
   if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
-  const int grid = min(p.rows / kGluBlockValues, blocks_per_sm * sms);
+  const int h_blocks = p.rows / kGluBlockValues, rounds = glu_rounds();
+  const int grid = min(rounds > 0 ? (h_blocks + rounds - 1) / rounds : h_blocks, blocks_per_sm * sms);
   launch_chained(kernel, grid, kGroupedThreads, smem, stream, p, in, ep);
   return launch_status(kStages == 1 ? "matvec_glu_kernel (one stage)" : "matvec_glu_kernel");
 }

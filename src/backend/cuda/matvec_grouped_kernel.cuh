@@ -500,8 +500,9 @@ constexpr int kMaxPairGroups = 16;
 // 16 lanes a row would leave half of them idle. The sums keep their bits: 16 lanes over 8
 // groups add zeros first, then reduce as 8 do. Not with a pair epilogue (it pairs rows across
 // 16 lanes). Measured (docs/perf-notes.md, round 11): Qwen3-30B-A3B tg128 446.9 -> 460.7;
-// wider rows in 8 lanes (Llama-3-8B's down, 56 groups: 4 rows of 1152-byte pieces in flight
-// per warp instead of one of 4608) lost 4-10%. KILN_CUDA_GROUPED_EIGHT_LANES=0 keeps 16.
+// wider rows in 8 lanes lost 4-10% (Llama-3-8B's down, 56 groups: its 1,024 tasks of four rows
+// leave more than half of the 2,112 resident warps without work). KILN_CUDA_GROUPED_EIGHT_LANES=0
+// keeps 16.
 bool grouped_eight_lanes_enabled();
 inline bool takes_eight_lanes(int64_t groups, PairEpilogueKind epilogue) {
   return groups <= 8 && epilogue == PairEpilogueKind::None && grouped_eight_lanes_enabled();
