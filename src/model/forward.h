@@ -59,7 +59,7 @@ struct ForwardPass {
   int64_t n_tokens = 0;
   int64_t n_outputs = 0;
   Tensor tokens;       // I32 [T]
-  Tensor output_rows;  // I32 [n_outputs]: batch rows whose logits are wanted
+  Tensor output_rows;  // I32 [n_outputs]: batch rows whose logits are wanted (0..n-1 when n_outputs == n_tokens)
   BatchIndex index;    // positions, sequences, cache slots
   Tensor logits;       // f32 {n_vocab, n_outputs}: the architecture writes the result here
 

@@ -215,10 +215,19 @@ Tensor build_norm_moe(ForwardPass& p, int il, const Tensor& x, Tensor& normed, c
 void build_output(ForwardPass& p, const Tensor& x) {
   if (p.n_outputs == 0) return;
   Tensor rows = p.scratch("out_rows", p.hp.n_embd, p.n_outputs);
-  p.backend.get_rows(x, p.output_rows, rows);
-  p.backend.rmsnorm(rows, p.w.output_norm, p.hp.rms_eps, rows);
-  p.observe(rows, "result_norm");
-  p.backend.matmul(rows, p.w.lm_head(), Tensor{}, p.logits);
+  if (p.n_outputs == p.n_tokens) {
+    // Every row, in order (a decode step): no gather, and the norm may run inside the head's
+    // product (one launch where the backend fuses them).
+    const Tensor no_bias;
+    const Backend::MatmulPart head[] = {{&p.w.lm_head(), &no_bias, &p.logits}};
+    p.backend.rmsnorm_matmul_parts(x, p.w.output_norm, p.hp.rms_eps, rows, head);
+    p.observe(rows, "result_norm");
+  } else {
+    p.backend.get_rows(x, p.output_rows, rows);
+    p.backend.rmsnorm(rows, p.w.output_norm, p.hp.rms_eps, rows);
+    p.observe(rows, "result_norm");
+    p.backend.matmul(rows, p.w.lm_head(), Tensor{}, p.logits);
+  }
   if (p.hp.final_softcap > 0) p.backend.softcap(p.logits, p.hp.final_softcap, p.logits);
   p.observe(p.logits, "result_output");
 }
