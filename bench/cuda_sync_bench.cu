@@ -9,8 +9,6 @@
 // checks (a missing or broken barrier shows as a wrong value, not as a fast time).
 // The "+stream" rows also read 30 MB of a 1 GB buffer per phase (cold in L2), before the
 // wait, as a decode product reads its weights: does the handoff hide behind memory traffic?
-// Each thread keeps 4 16-byte loads in flight ("+stream", 8 blocks fit per multiprocessor)
-// or 16 ("+stream16", fewer blocks fit).
 //
 // Method: N phases captured once into a CUDA graph (a memset of the buffers first), replayed
 // 200 times between events; median replay. us_per_phase = median / N at N = 128;
@@ -84,9 +82,7 @@ __host__ __device__ int neighbour(int block, int blocks) {
   return block + kGroups < blocks ? block + kGroups : group_of(block);
 }
 
-// This block's share of phase p's window, kDepth independent 16-byte loads in flight per
-// thread (4: few registers, 8 blocks per multiprocessor; 16: more bytes in flight per block).
-template <int kDepth>
+// This block's share of phase p's window, 4 independent 16-byte loads in flight per thread.
 __device__ void stream_window(const PhaseArgs& a, int phase) {
   if (a.pool == nullptr) return;
   const size_t window_u4 = kWindowBytes / 16;
@@ -95,12 +91,12 @@ __device__ void stream_window(const PhaseArgs& a, int phase) {
   const size_t begin = size_t(blockIdx.x) * per_block;
   const size_t end = min(begin + per_block, window_u4);
   unsigned acc = 0;
-  for (size_t i = begin + threadIdx.x; i < end; i += kDepth * kThreads) {
-    uint4 v[kDepth];
+  for (size_t i = begin + threadIdx.x; i < end; i += 4 * kThreads) {
+    uint4 v[4];
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) v[u] = i + u * kThreads < end ? __ldcs(base + i + u * kThreads) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < 4; ++u) v[u] = i + u * kThreads < end ? __ldcs(base + i + u * kThreads) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   if (acc == 0x9e3779b9u) a.sink[blockIdx.x] = acc;  // practically never; stops the loads being dropped
 }
@@ -115,13 +111,12 @@ __device__ __forceinline__ void hand_off(const PhaseArgs& a, int phase) {
 
 // (a) One phase per kernel. A chained launch lets the next kernel's blocks be scheduled at
 // allow_next_kernel(); it waits for this one's results in wait_for_previous_kernels().
-template <int kDepth>
 __global__ void __launch_bounds__(kThreads) chained_phase(PhaseArgs a, int phase) {
   if (a.pool == nullptr) {
     begin_chained_kernel();
   } else {
     allow_next_kernel();
-    stream_window<kDepth>(a, phase);  // weights need no wait
+    stream_window(a, phase);  // weights need no wait
     wait_for_previous_kernels();
   }
   hand_off(a, phase);
@@ -130,11 +125,11 @@ __global__ void __launch_bounds__(kThreads) chained_phase(PhaseArgs a, int phase
 // (b, c, d) All phases in one kernel whose blocks are all resident. Phase p starts with a
 // wait for every block (or every block of this block's group) to have finished phase p - 1:
 // the counters only grow, so phase p waits for counter >= p * (blocks counted).
-template <Sync kSync, int kDepth = 4>
+template <Sync kSync>
 __global__ void __launch_bounds__(kThreads) persistent_phases(PhaseArgs a) {
   const int group = group_of(blockIdx.x);
   for (int phase = 0; phase < a.phases; ++phase) {
-    stream_window<kDepth>(a, phase);
+    stream_window(a, phase);
     if (phase > 0) {
       if constexpr (kSync == Sync::kGridSync) {
         cooperative_groups::this_grid().sync();
@@ -174,21 +169,20 @@ struct Row {
   std::function<cudaError_t(cudaStream_t, const PhaseArgs&)> launch;
 };
 
-template <int kDepth = 4>
 cudaError_t launch_chain(cudaStream_t s, const PhaseArgs& a, bool pdl) {
   for (int p = 0; p < a.phases; ++p) {
     if (pdl) {
-      const cudaError_t e = launch_chained(chained_phase<kDepth>, dim3(a.blocks), dim3(kThreads), 0, s, a, p);
+      const cudaError_t e = launch_chained(chained_phase, dim3(a.blocks), dim3(kThreads), 0, s, a, p);
       if (e != cudaSuccess) return e;
     } else {
-      chained_phase<kDepth><<<a.blocks, kThreads, 0, s>>>(a, p);
+      chained_phase<<<a.blocks, kThreads, 0, s>>>(a, p);
       if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     }
   }
   return cudaSuccess;
 }
 
-template <Sync kSync, int kDepth = 4>
+template <Sync kSync>
 cudaError_t launch_persistent(cudaStream_t s, const PhaseArgs& a) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(a.blocks);
@@ -201,13 +195,13 @@ cudaError_t launch_persistent(cudaStream_t s, const PhaseArgs& a) {
     config.attrs = &cooperative;
     config.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&config, persistent_phases<kSync, kDepth>, a);
+  return cudaLaunchKernelEx(&config, persistent_phases<kSync>, a);
 }
 
-template <Sync kSync, int kDepth = 4>
+template <Sync kSync>
 int resident_blocks_per_sm() {
   int n = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persistent_phases<kSync, kDepth>, kThreads, 0), "occupancy");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, persistent_phases<kSync>, kThreads, 0), "occupancy");
   return n;
 }
 
@@ -325,15 +319,6 @@ int main() {
       // floor of the loop itself, and with +stream the floor of the reads.
       rows.push_back({"no_sync" + tail, blocks, stream, false, launch_persistent<Sync::kNone>});
     }
-  }
-  // Streaming with 16 loads in flight per thread, where all such blocks are resident.
-  const int deep_per_sm = std::min(resident_blocks_per_sm<Sync::kCounter, 16>(), resident_blocks_per_sm<Sync::kNone, 16>());
-  for (const int blocks : {sms, 2 * sms}) {
-    if (blocks > deep_per_sm * sms) continue;
-    rows.push_back({"chained_pdl+stream16", blocks, true, true,
-                    [](cudaStream_t st, const PhaseArgs& a) { return launch_chain<16>(st, a, true); }});
-    rows.push_back({"barrier_counter+stream16", blocks, true, true, launch_persistent<Sync::kCounter, 16>});
-    rows.push_back({"no_sync+stream16", blocks, true, false, launch_persistent<Sync::kNone, 16>});
   }
 
   for (int pass = 1; pass <= 2; ++pass) {
