@@ -17,6 +17,11 @@ int grouped_one_stage_mode() {
   return mode;
 }
 
+bool products_in_waves() {
+  static const bool on = env_int("KILN_CUDA_PRODUCT_WAVES", 0) == 1;
+  return on;
+}
+
 bool grouped_eight_lanes_enabled() {
   static const bool enabled = env_int("KILN_CUDA_GROUPED_EIGHT_LANES", 1) != 0;
   return enabled;

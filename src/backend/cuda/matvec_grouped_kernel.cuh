@@ -454,6 +454,14 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 constexpr int64_t kOneStageMaxCols = 2048;
 int grouped_one_stage_mode();
 
+// KILN_CUDA_PRODUCT_WAVES=1 (a measuring switch, off by default): the two-stage grouped launch
+// and the int8 glu epilogue take a block per task group (a task per warp, an h-block per
+// block) instead of a grid capped at the resident blocks, so blocks leave and are replaced
+// one at a time, as short kernels' blocks do: a handoff between chained kernels then overlaps
+// the way bench/cuda_sync_bench.cu shows (4.5 TB/s across boundaries), at the cost of each
+// block's own prologue.
+bool products_in_waves();
+
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
 Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
                       const SecondFormat& second, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
@@ -480,7 +488,7 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32>;
   const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols);
   if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
-  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
+  const int grid = int(products_in_waves() ? blocks_needed : min64(blocks_needed, int64_t(blocks_per_sm) * sms));
   launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
                  int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
   return launch_status("matvec_grouped_kernel");
