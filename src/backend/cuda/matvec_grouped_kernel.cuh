@@ -448,7 +448,9 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 }
 
 // Where one-stage launches are taken: KILN_CUDA_GROUPED_ONE_STAGE=0 never, 2 for every
-// launch that fits, else (1, the default) only for x of at most kOneStageMaxCols values.
+// launch that fits, 3 (measuring) as 1 plus the q/k/v launches with the rope epilogue of any
+// width (Llama-3-8B's 3,072 q/k/v tasks fill 2,112 two-stage warps one and a half times), else
+// (1, the default) only for x of at most kOneStageMaxCols values.
 // Measured (docs/perf-notes.md, round 8): Qwen3-30B-A3B's q/k/v over 2048 values gained
 // (tg128 427.4 -> 436.2), Llama-3-8B's over 4096 lost (Q4_0 561.0 -> 547.7).
 constexpr int64_t kOneStageMaxCols = 2048;
@@ -474,7 +476,9 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   // kernel's resident blocks, each warp has a single item.
   if constexpr (kLanesPerRow <= 16) {
     const int mode = grouped_one_stage_mode();
-    if (cols / kGroupElems <= kLanesPerRow && (mode == 2 || (mode == 1 && cols <= kOneStageMaxCols))) {
+    const bool wanted = mode == 2 || (mode == 1 && cols <= kOneStageMaxCols) ||
+                        (mode == 3 && (cols <= kOneStageMaxCols || ep.kind == PairEpilogueKind::RopeStore));
+    if (cols / kGroupElems <= kLanesPerRow && wanted) {
       constexpr auto one_stage = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 1>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 1);
       if (Status s = grouped_occupancy<one_stage>(smem, blocks_per_sm, sms); !s.ok()) return s;
