@@ -1,5 +1,6 @@
 #include "backend/cuda/graph.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -59,15 +60,11 @@ StepGraphs::~StepGraphs() {
     cudaStreamSynchronize(stream_);
     for (EventPair& p : timers_) {
       float ms = 0;
-      if (p.used && cudaEventElapsedTime(&ms, p.start, p.end) == cudaSuccess) {
-        replay_ms_ += ms;
-        ++timed_;
-      }
+      if (p.used && cudaEventElapsedTime(&ms, p.start, p.end) == cudaSuccess) replay_ms_.push_back(ms);
       cudaEventDestroy(p.start);
       cudaEventDestroy(p.end);
     }
-    std::fprintf(stderr, "kiln cuda: %lld graph replays timed, %.4f ms of GPU time each\n", (long long)timed_,
-                 timed_ ? replay_ms_ / double(timed_) : 0.0);
+    print_replay_times();
   }
   if (op_timing_) {
     double total = 0;
@@ -112,16 +109,27 @@ void StepGraphs::run_timed_ops() {
   clear();
 }
 
+// The mean (the figure scripts read: "<mean> ms of GPU time each"), then the spread, so that
+// a run whose repetitions differ shows whether the GPU time did.
+void StepGraphs::print_replay_times() {
+  std::vector<float> ms = replay_ms_;
+  double sum = 0;
+  for (float v : ms) sum += v;
+  std::sort(ms.begin(), ms.end());
+  auto at = [&](double q) { return ms.empty() ? 0.0 : double(ms[size_t(q * double(ms.size() - 1) + 0.5)]); };
+  std::fprintf(stderr,
+               "kiln cuda: %zu graph replays timed, %.4f ms of GPU time each (min %.4f, median %.4f, p90 %.4f, "
+               "max %.4f)\n",
+               ms.size(), ms.empty() ? 0.0 : sum / double(ms.size()), at(0), at(0.5), at(0.9), at(1));
+}
+
 void StepGraphs::timed_launch(cudaGraphExec_t exec) {
   EventPair& p = timers_[next_timer_];
   next_timer_ = (next_timer_ + 1) % 4;
   if (p.used) {
     float ms = 0;
     cudaEventSynchronize(p.end);  // from four launches ago: done or nearly
-    if (cudaEventElapsedTime(&ms, p.start, p.end) == cudaSuccess) {
-      replay_ms_ += ms;
-      ++timed_;
-    }
+    if (cudaEventElapsedTime(&ms, p.start, p.end) == cudaSuccess) replay_ms_.push_back(ms);
   }
   cudaEventRecord(p.start, stream_);
   const cudaError_t e = cudaGraphLaunch(exec, stream_);

@@ -67,9 +67,9 @@ class StepGraphs {
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   int64_t eager_passes() const { return eager_; }
-  // KILN_CUDA_STEP_TIMING=1: GPU time of the graph replays, measured with events, printed to
-  // stderr when the graphs are destroyed (the host time per step is the rest of a step).
-  double replay_gpu_ms() const { return replay_ms_; }
+  // KILN_CUDA_STEP_TIMING=1: the GPU time of each graph replay is measured with events; the
+  // mean and spread are printed to stderr when the graphs are destroyed (the host time per step
+  // is the rest of a step).
 
  private:
   struct Recorded {
@@ -89,6 +89,7 @@ class StepGraphs {
   int64_t captures_ = 0, replays_ = 0, eager_ = 0;
   // Step timing (off unless asked for): event pairs used in turn around graph launches.
   void timed_launch(cudaGraphExec_t exec);
+  void print_replay_times();
   // KILN_CUDA_OP_TIMING=1 (decode passes of one token) or 2 (prefill passes): those passes
   // run eagerly, each op between two events, and the average time of the i-th op is printed
   // at destruction. A profile for finding the slow kernels, not a measure of the step (no
@@ -108,8 +109,7 @@ class StepGraphs {
   bool timing_ = false;
   EventPair timers_[4];
   int next_timer_ = 0;
-  double replay_ms_ = 0;
-  int64_t timed_ = 0;
+  std::vector<float> replay_ms_;  // GPU time of each timed replay
 };
 
 // The context length decode attention is planned for: the next power of two at or above
