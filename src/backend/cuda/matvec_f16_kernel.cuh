@@ -77,21 +77,28 @@ inline size_t half_smem_bytes(int64_t cols) {
   return size_t((cols + kSpanCols - 1) / kSpanCols) * kSpanCols * sizeof(float);
 }
 
+// kStageBatch float4s of `src` for this thread, kStageStep columns apart from base + 4 * tid:
+// all issued before any is used, so that the block waits for L2 once per batch; zeros past
+// cols.
+__device__ __forceinline__ void load_stage_batch(const float* src, int base, int cols, float4 (&v)[kStageBatch]) {
+#pragma unroll
+  for (int b = 0; b < kStageBatch; ++b) {
+    const int i = base + b * kStageStep + int(threadIdx.x) * 4;
+    v[b] = i < cols ? *reinterpret_cast<const float4*>(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
 // x into shared memory in x_slot order, normalized as rmsnorm() does (x / rms(x) * weight,
 // the same rounding steps) when in.norm_weight is set; block s % grid then writes step s of
-// the normalized vector to in.normed. Loads go out kStageBatch at a time so that the block
-// waits for L2 about once per batch. The caller synchronizes the block afterwards.
+// the normalized vector to in.normed. Loads go out a batch at a time (load_stage_batch). The
+// caller synchronizes the block afterwards.
 __device__ inline void stage_input(const F32Input& in, int cols, float* x_s) {
   __shared__ float partial[kHalfWarps];
   const int tid = threadIdx.x;
   float sum_sq = 0.0f;
   for (int base = 0; base < cols; base += kStageStep * kStageBatch) {
     float4 v[kStageBatch];
-#pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int i = base + b * kStageStep + tid * 4;
-      v[b] = i < cols ? *reinterpret_cast<const float4*>(in.x + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    load_stage_batch(in.x, base, cols, v);
 #pragma unroll
     for (int b = 0; b < kStageBatch; ++b) {
       const int i = base + b * kStageStep + tid * 4;
@@ -109,11 +116,7 @@ __device__ inline void stage_input(const F32Input& in, int cols, float* x_s) {
   // Each thread rescales the very elements it stored above: no barrier needed in between.
   for (int base = 0; base < cols; base += kStageStep * kStageBatch) {
     float4 g[kStageBatch];
-#pragma unroll
-    for (int b = 0; b < kStageBatch; ++b) {
-      const int i = base + b * kStageStep + tid * 4;
-      g[b] = i < cols ? *reinterpret_cast<const float4*>(in.norm_weight + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+    load_stage_batch(in.norm_weight, base, cols, g);
 #pragma unroll
     for (int b = 0; b < kStageBatch; ++b) {
       const int i = base + b * kStageStep + tid * 4;

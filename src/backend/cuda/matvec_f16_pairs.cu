@@ -184,16 +184,16 @@ template <typename Weights>
 Status launch_pairs(const GroupedSegments& seg, int pairs, int64_t cols, int64_t w_row_bytes, const F32Input& in,
                     const PairEpilogue& ep, cudaStream_t stream) {
   const int64_t blocks_needed = (pairs + kHalfWarps - 1) / kHalfWarps;
-  return launch_resident<matvec_half_pairs_kernel<Weights>>(blocks_needed, cols, stream, "matvec_half_pairs_kernel", seg, w_row_bytes, pairs,
-                                          int(cols), in, ep);
+  return launch_resident<matvec_half_pairs_kernel<Weights>>(blocks_needed, cols, stream, "matvec_half_pairs_kernel",
+                                                             seg, w_row_bytes, pairs, int(cols), in, ep);
 }
 
 template <typename Weights>
 Status launch_glu(const GroupedSegments& seg, int pairs, int64_t cols, int64_t w_row_bytes, const F32Input& in,
                   const PairEpilogue& ep, cudaStream_t stream) {
   const int64_t blocks_needed = (pairs + kGluDuos - 1) / kGluDuos;
-  return launch_resident<matvec_half_glu_kernel<Weights>>(blocks_needed, cols, stream, "matvec_half_glu_kernel", seg, w_row_bytes, pairs,
-                                          int(cols), in, ep);
+  return launch_resident<matvec_half_glu_kernel<Weights>>(blocks_needed, cols, stream, "matvec_half_glu_kernel", seg,
+                                                           w_row_bytes, pairs, int(cols), in, ep);
 }
 
 // KILN_CUDA_HALF_GLU_SPLIT=0: the glu takes whole pairs per warp (measured slower, above).
