@@ -88,6 +88,12 @@ struct Sig {
   }
 };
 
+// The kernels' name for a model's gated activation.
+inline cuda::GluKind glu_kind(Activation act) {
+  return act == Activation::Silu ? cuda::GluKind::Silu
+         : act == Activation::GeluTanh ? cuda::GluKind::GeluTanh : cuda::GluKind::SwigluOai;
+}
+
 // Bytes per token of the int8 input copies (the same for every quantized weight type).
 inline size_t q8_row_bytes(int64_t cols) { return (cuda::matvec_scratch_bytes(GgmlType::Q4_0, cols) + 255) / 256 * 256; }
 

@@ -195,8 +195,7 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
   a.ids = ids.as<int32_t>(), a.ids_stride = moe_row_stride(ids, "ids");
   a.weights = weights.as<float>(), a.weights_stride = moe_row_stride(weights, "weights");
   a.out = out.as<float>(), a.out_stride = moe_row_stride(out, "out");
-  a.act = act.act == Activation::Silu ? cuda::GluKind::Silu
-          : act.act == Activation::GeluTanh ? cuda::GluKind::GeluTanh : cuda::GluKind::SwigluOai;
+  a.act = cuda_ops::glu_kind(act.act);
   a.alpha = act.alpha, a.limit = act.limit;
 
   const bool exact = options_.exact;

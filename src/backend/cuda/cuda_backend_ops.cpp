@@ -254,15 +254,15 @@ void CudaBackend::glu(const Tensor& gate, const Tensor& up, const GluParams& p, 
   same_shape(gate, up, "glu");
   same_shape(gate, out, "glu");
   cuda::GluArgs a;
-  a.kind = p.act == Activation::Silu ? cuda::GluKind::Silu
-           : p.act == Activation::GeluTanh ? cuda::GluKind::GeluTanh : cuda::GluKind::SwigluOai;
+  a.kind = glu_kind(p.act);
   a.gate = gate.as<float>(), a.gate_stride = stride_of(gate, "glu", "gate");
   a.up = up.as<float>(), a.up_stride = stride_of(up, "glu", "up");
   a.rows = gate.rows(), a.n = gate.ne[0];
   a.out = out.as<float>(), a.out_stride = stride_of(out, "glu", "out");
   a.alpha = p.alpha, a.limit = p.limit;
   const Sig sig = Sig(Op::Glu).t(gate).t(up).t(out).v(p.act).v(p.alpha).v(p.limit);
-  // Right after f16 / bf16 gate/up products: in their launch's epilogue where it can.
+  // Right after held gate/up products (f16 / bf16, or int8 over f32 x): in their launch's
+  // epilogue where it can.
   if (fuse_glu_into_products(gate, up, a, sig.h)) return;
   if (cuda::glu_can_quantize(a)) a.q8 = q8_for_next_matmul(a.n, a.rows, &a.q8_row_bytes);
   record(Sig(sig).v(a.q8).h, gate.rows(),

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_checks.h"
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/glu_half.h"
@@ -30,7 +31,7 @@ namespace kiln {
 namespace cuda_prefill {
 
 constexpr int64_t kMinTokens = 9;                   // fewer rows go to the decode paths
-constexpr size_t kSlabBytes = size_t(256) << 20;    // as the single matmul's slab
+using cuda_ops::kSlabBytes;                         // the single matmul's slab
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS workspace of each side lane
 
 void check(cudaError_t e, const char* what) {
@@ -164,8 +165,7 @@ void CudaBackend::glu_matmul_add(const Tensor& gate, const Tensor& up, const Glu
   if (!fits) return Backend::glu_matmul_add(gate, up, p, act, w, bias, out, residual);
 
   cuda::GluHalfArgs ga;
-  ga.kind = p.act == Activation::Silu ? cuda::GluKind::Silu
-            : p.act == Activation::GeluTanh ? cuda::GluKind::GeluTanh : cuda::GluKind::SwigluOai;
+  ga.kind = cuda_ops::glu_kind(p.act);
   ga.gate = gate.as<float>(), ga.gate_stride = int64_t(gate.nb[1] / 4);
   ga.up = up.as<float>(), ga.up_stride = int64_t(up.nb[1] / 4);
   ga.rows = T, ga.n = n, ga.alpha = p.alpha, ga.limit = p.limit;
@@ -181,10 +181,8 @@ void CudaBackend::glu_matmul_add(const Tensor& gate, const Tensor& up, const Glu
   void* sp = scratch(matmul_scratch_, need);
   cublasHandle_t blas = blas_;
 
-  cuda::SignatureHash h;
-  h.pod(Op::Glu), h.pod(p.act), h.pod(p.alpha), h.pod(p.limit);
-  hash_tensor(h, gate), hash_tensor(h, up), hash_tensor(h, w), hash_tensor(h, out);
-  record(h, T, [=](cudaStream_t s) {
+  const cuda_ops::Sig sig = cuda_ops::Sig(Op::Glu).t(gate).t(up).t(w).t(out).v(p.act).v(p.alpha).v(p.limit);
+  record(sig.h, T, [=](cudaStream_t s) {
     if (cuda::Status st = cuda::glu_to_half(ga, s); !st.ok()) return st;
     return cuda::gemm(g, blas, sp, need, s);
   }, "glu_matmul");
