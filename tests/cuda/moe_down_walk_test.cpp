@@ -17,7 +17,7 @@
 //   - with a residual: the output unchanged, and residual + output added in f32, bit for bit.
 // Row widths: n_ff 768 (24 slices, Qwen3-30B-A3B's experts) and 1536 (48) walk flattened,
 // 1024 (32) is whole; k 1, 2 and 8 slots; 1 and 3 tokens; biases and gpt-oss's SwiGLU on the
-// 3-token cases.
+// 3-token cases; 64 tokens (two rows a warp) for four types.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -171,6 +171,25 @@ TEST(CudaMoeDownWalk, OtherTypes) {
   for (const GgmlType type : {GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K,
                               GgmlType::Q3_K, GgmlType::IQ4_XS})
     check_type(type, rng);
+}
+
+// Enough tokens (n_tokens * n_embd >= 16384) for two rows a warp: the flattened kernel takes
+// them where they fit its shared memory (q4_K, q6_K, mxfp4) and one row elsewhere (q8_0).
+TEST(CudaMoeDownWalk, TwoRowsPerWarp) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261209);
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::Q8_0}) {
+    const MoeCase c{type, type, 256, 768, 8, 8, type == GgmlType::MXFP4};
+    const int64_t T = 64;
+    const Problem p = make_problem(rng, c, T);
+    const std::string what = describe(c, T);
+    OnDevice dev(p);
+    ASSERT_TRUE(dev.scratch.ok() && dev.out.ok()) << what;
+    const std::vector<float> per_segment = dev.run(MoeDownWalk::PerSegment);
+    const std::vector<float> flat = dev.run(MoeDownWalk::Flat);
+    EXPECT_TRUE(near_reference(flat, p, "flattened walk, " + what));
+    EXPECT_TRUE(same_but_order(flat, per_segment, p, "flattened vs per-segment, " + what));
+  }
 }
 
 // An expert id out of range (past the end, or negative) makes its token's output NaN, the
