@@ -3,8 +3,8 @@
 // 8 used), random weights and random routing. Decode (indexed matvecs): the median of
 // graph replays of 20 calls, each call with its own routing so that the experts it reads
 // are mostly not in L2, with the down product's per-segment and flattened walks in turn
-// (MoeDownWalk; 768 columns are 24 slices, so the flattened walk leaves no lane idle). Prefill (grouped GEMMs): the median of single calls, with tile
-// engine v4, v6, v7 and v8.
+// (MoeDownWalk; 768 columns are 24 slices, so the flattened walk leaves no lane idle).
+// Prefill (grouped GEMMs): the median of single calls, with tile engine v4, v6, v7 and v8.
 // Prints time, the bytes of the experts the call must read at least once / that time, and
 // TFLOP/s of the routed work.
 //
