@@ -2,8 +2,9 @@
 // backend/cuda/moe.h on Qwen3-30B-A3B's expert shapes (128 experts of 2048 -> 768 -> 2048,
 // 8 used), random weights and random routing. Decode (indexed matvecs): the median of
 // graph replays of 20 calls, each call with its own routing so that the experts it reads
-// are mostly not in L2. Prefill (grouped GEMMs): the median of single calls, with tile
-// engine v4, v6, v7 and v8.
+// are mostly not in L2, with the down product's per-segment and flattened walks in turn
+// (MoeDownWalk; 768 columns are 24 slices, so the flattened walk leaves no lane idle).
+// Prefill (grouped GEMMs): the median of single calls, with tile engine v4, v6, v7 and v8.
 // Prints time, the bytes of the experts the call must read at least once / that time, and
 // TFLOP/s of the routed work.
 //
@@ -115,14 +116,19 @@ void run(GgmlType gate_up, GgmlType down, std::mt19937_64& rng) {
     const size_t need = moe_matvec_scratch_bytes(a, false);
     void* scratch = nullptr;
     check(cudaMalloc(&scratch, need), "scratch");
-    const double us = time_graph(s, kBatch, 30, [&](int i) {
-      MoeFfnArgs b = a;
-      b.ids = ids[size_t(i)];
-      check(moe_ffn_matvec(b, false, scratch, need, s), "moe_ffn_matvec");
-    });
-    const double bytes = touched / kBatch * expert_bytes;
-    std::printf("%-10s decode T=%-3lld %8.1f us  %6.0f GB/s of %.1f MB routed experts (floor %.1f us at 4.2 TB/s)\n",
-                name.c_str(), (long long)T, us, bytes / us * 1e-3, bytes * 1e-6, bytes / 4.2e6);
+    for (const MoeDownWalk walk : {MoeDownWalk::PerSegment, MoeDownWalk::Flat}) {
+      const double us = time_graph(s, kBatch, 30, [&](int i) {
+        MoeFfnArgs b = a;
+        b.ids = ids[size_t(i)];
+        b.down_walk = walk;
+        check(moe_ffn_matvec(b, false, scratch, need, s), "moe_ffn_matvec");
+      });
+      const double bytes = touched / kBatch * expert_bytes;
+      std::printf("%-10s decode T=%-3lld %-12s %8.1f us  %6.0f GB/s of %.1f MB routed experts (floor %.1f us at 4.2 "
+                  "TB/s)\n",
+                  name.c_str(), (long long)T, walk == MoeDownWalk::Flat ? "flat" : "per-segment", us,
+                  bytes / us * 1e-3, bytes * 1e-6, bytes / 4.2e6);
+    }
     cudaFree(scratch);
     for (const int32_t* p : ids) cudaFree(const_cast<int32_t*>(p));
   }

@@ -12,14 +12,9 @@ namespace detail {
 int grouped_one_stage_mode() {
   static const int mode = [] {
     const int v = env_int("KILN_CUDA_GROUPED_ONE_STAGE", 1);
-    return v == 0 || v == 2 || v == 3 ? v : 1;
+    return v == 0 || v == 2 ? v : 1;
   }();
   return mode;
-}
-
-bool products_in_waves() {
-  static const bool on = env_int("KILN_CUDA_PRODUCT_WAVES", 0) == 1;
-  return on;
 }
 
 bool grouped_eight_lanes_enabled() {

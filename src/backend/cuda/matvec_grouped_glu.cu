@@ -149,7 +149,7 @@ Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpi
   int blocks_per_sm = 0, sms = 0;
   if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
   const int h_blocks = p.rows / kGluBlockValues, rounds = glu_rounds(h_blocks, blocks_per_sm, sms);
-  const int grid = products_in_waves() ? h_blocks : min((h_blocks + rounds - 1) / rounds, blocks_per_sm * sms);
+  const int grid = min((h_blocks + rounds - 1) / rounds, blocks_per_sm * sms);
   launch_chained(kernel, grid, kGroupedThreads, smem, stream, p, in, ep);
   return launch_status(kStages == 1 ? "matvec_glu_kernel (one stage)" : "matvec_glu_kernel");
 }

@@ -448,21 +448,12 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 }
 
 // Where one-stage launches are taken: KILN_CUDA_GROUPED_ONE_STAGE=0 never, 2 for every
-// launch that fits, 3 (measuring) as 1 plus the q/k/v launches with the rope epilogue of any
-// width (Llama-3-8B's 3,072 q/k/v tasks fill 2,112 two-stage warps one and a half times), else
-// (1, the default) only for x of at most kOneStageMaxCols values.
+// launch that fits, else (1, the default) only for x of at most kOneStageMaxCols values.
 // Measured (docs/perf-notes.md, round 8): Qwen3-30B-A3B's q/k/v over 2048 values gained
-// (tg128 427.4 -> 436.2), Llama-3-8B's over 4096 lost (Q4_0 561.0 -> 547.7).
+// (tg128 427.4 -> 436.2), Llama-3-8B's over 4096 lost (Q4_0 561.0 -> 547.7); round 12: Llama's
+// q/k/v alone (rope epilogue, 3,072 tasks) lost too (Q4_0 1.686 -> 1.719 ms per step).
 constexpr int64_t kOneStageMaxCols = 2048;
 int grouped_one_stage_mode();
-
-// KILN_CUDA_PRODUCT_WAVES=1 (a measuring switch, off by default): the two-stage grouped launch
-// and the int8 glu epilogue take a block per task group (a task per warp, an h-block per
-// block) instead of a grid capped at the resident blocks, so blocks leave and are replaced
-// one at a time, as short kernels' blocks do: a handoff between chained kernels then overlaps
-// the way bench/cuda_sync_bench.cu shows (4.5 TB/s across boundaries), at the cost of each
-// block's own prologue.
-bool products_in_waves();
 
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
 Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
@@ -476,8 +467,7 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   // kernel's resident blocks, each warp has a single item.
   if constexpr (kLanesPerRow <= 16) {
     const int mode = grouped_one_stage_mode();
-    const bool wanted = mode == 2 || (mode == 1 && cols <= kOneStageMaxCols) ||
-                        (mode == 3 && (cols <= kOneStageMaxCols || ep.kind == PairEpilogueKind::RopeStore));
+    const bool wanted = mode == 2 || (mode == 1 && cols <= kOneStageMaxCols);
     if (cols / kGroupElems <= kLanesPerRow && wanted) {
       constexpr auto one_stage = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 1>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 1);
@@ -492,7 +482,9 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32>;
   const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols);
   if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
-  const int grid = int(products_in_waves() ? blocks_needed : min64(blocks_needed, int64_t(blocks_per_sm) * sms));
+  // Capped at the resident blocks, which loop over the tasks: a block per 8 tasks in waves
+  // measured 20% slower (docs/perf-notes.md, round 12).
+  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
   launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
                  int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
   return launch_status("matvec_grouped_kernel");

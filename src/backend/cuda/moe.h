@@ -43,6 +43,8 @@ struct ExpertMatrix {
   int64_t bias_stride = 0;
 };
 
+enum class MoeDownWalk { Default, PerSegment, Flat };
+
 struct MoeFfnArgs {
   ExpertMatrix gate, up;   // n_ff rows of n_embd (gate and up of one type)
   ExpertMatrix down;       // n_embd rows of n_ff
@@ -64,6 +66,12 @@ struct MoeFfnArgs {
   // q4_K and q6_K, v7 for other types); 0 takes the default, v8 unless the environment says
   // KILN_CUDA_MOE_PREFILL_V=4, 6 or 7 (read once).
   int gemm_version = 0;
+  // moe_ffn_matvec's int8 down product: how a warp walks its slots' rows
+  // (moe_flat_segments.cuh). Default: flattened where that leaves fewer chunks (a row's 32-column
+  // slices not a multiple of 32), unless the environment says KILN_CUDA_MOE_FLAT_SEGMENTS=0
+  // (read once); PerSegment: each row in its own chunks everywhere; Flat: flattened everywhere
+  // (for tests; whole chunks then give the per-segment walk's bits).
+  MoeDownWalk down_walk = MoeDownWalk::Default;
 };
 
 // Whether the device kernels take these weight types (f32 f16 bf16 and every type the block

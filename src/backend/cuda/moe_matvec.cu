@@ -8,6 +8,8 @@
 //   4. down: a warp owns output row(s) r of token t and walks row r of each of its k
 //      experts in slot order, each slot's partial sums scaled by its routing weight: the
 //      sum over slots happens in registers, in a fixed order (deterministic, no atomics).
+//      Where a row's slices (of 32 columns) are not a multiple of 32, the k rows are walked
+//      as one flattened sequence of slices so that no lane idles (moe_flat_segments.cuh).
 // Weight rows go through shared memory as in matvec.cu (aligned 16-byte asynchronous
 // copies, a few chunks ahead; GGUF blocks are only byte-aligned), here with the chunks of
 // all of a warp's segments (pair rows) in one pipeline, so short rows (768 columns) still
@@ -23,8 +25,10 @@
 // memory (slower; the exact mode is for checking, plain weights are for tests).
 #include <string>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_flat_segments.cuh"
 #include "backend/cuda/moe_kernels.cuh"
 
 namespace kiln::cuda {
@@ -253,6 +257,24 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, 
   finish_down<kRows>(a, t, row0, acc);
 }
 
+// The same over the flattened walk (moe_flat_segments.cuh); same grid.
+template <typename Fmt, int kRows>
+__global__ void __launch_bounds__(kMoeThreads) moe_down_q8_flat_kernel(MoeFfnArgs a, Q8Rows hq) {
+  using S = FlatChunkShape<Fmt>;
+  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * kRows * S::kStageBytes];
+  const int warp = threadIdx.x / kWarpSize;
+  const int64_t row0 = (int64_t(blockIdx.x) * kMoeWarps + warp) * kRows;
+  const int64_t t = blockIdx.y;
+  if (row0 >= a.n_embd) return;
+  DownSegments<kRows> segs{&a, t, row0, hq};
+  float acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  segments_dot_q8_flat<Fmt, kRows, kMoeStages>(segs, int(a.n_used), int(a.n_ff / Fmt::kElems), stage[warp], acc,
+                                                [] { begin_chained_kernel(); });
+  finish_down<kRows>(a, t, row0, acc);
+}
+
 // ---- f32 activations (plain weights; exact mode) ------------------------------------------
 
 // This lane's partial sum of row . x over `cols` columns (x in f32).
@@ -351,6 +373,39 @@ Status quantize_rows(const float* x, int64_t stride, int64_t n, int64_t rows, in
   return launch_status("moe_quantize_rows_kernel");
 }
 
+// Two rows a warp fit the flattened kernel's static shared memory (48 KB a block)? Not for
+// the 32-element formats, whose per-block slots more than double the stage.
+template <typename Fmt>
+constexpr bool kFlatTwoRowsFit = kMoeWarps * kMoeStages * 2 * FlatChunkShape<Fmt>::kStageBytes <= 48 * 1024;
+
+// Whether the down product walks its slots' rows flattened (MoeFfnArgs::down_walk).
+bool flat_down_walk(const MoeFfnArgs& a, int64_t block_elems) {
+  static const bool allowed = !env_is("KILN_CUDA_MOE_FLAT_SEGMENTS", "0");
+  const int64_t n_slices = a.n_ff / 32;
+  if (a.down_walk == MoeDownWalk::PerSegment || !moe_flat_walk_fits(a.n_used, a.n_ff / block_elems)) return false;
+  if (a.down_walk == MoeDownWalk::Flat) return true;
+  const int64_t per_segment_chunks = a.n_used * ((n_slices + kWarpSize - 1) / kWarpSize);
+  const int64_t flat_chunks = (a.n_used * n_slices + kWarpSize - 1) / kWarpSize;
+  return allowed && n_slices % kWarpSize != 0 && flat_chunks < per_segment_chunks;
+}
+
+// The flattened down kernel, two rows a warp where asked and where they fit.
+template <typename Fmt>
+Status launch_flat_down(const MoeFfnArgs& a, const Q8Rows& hq, bool two_rows, cudaStream_t stream) {
+  auto grid = [&](int rows_per_warp) {
+    const int rows_per_block = kMoeWarps * rows_per_warp;
+    return dim3(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
+  };
+  cudaError_t e;
+  if constexpr (kFlatTwoRowsFit<Fmt>) {
+    e = two_rows ? launch_chained(moe_down_q8_flat_kernel<Fmt, 2>, grid(2), dim3(kMoeThreads), 0, stream, a, hq)
+                 : launch_chained(moe_down_q8_flat_kernel<Fmt, 1>, grid(1), dim3(kMoeThreads), 0, stream, a, hq);
+  } else {
+    e = launch_chained(moe_down_q8_flat_kernel<Fmt, 1>, grid(1), dim3(kMoeThreads), 0, stream, a, hq);
+  }
+  return chained_status(e, "moe_down_q8_flat_kernel");
+}
+
 }  // namespace detail
 
 bool moe_supports(GgmlType gate_up, GgmlType down) {
@@ -420,9 +475,14 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
     const int rows_per_block = kMoeWarps * (two_rows ? 2 : 1);
     const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
     visit_quant_format(a.down.type, [&](auto fmt) {
+      using Fmt = decltype(fmt);
+      if (flat_down_walk(a, Fmt::kElems)) {
+        status = launch_flat_down<Fmt>(a, hq, two_rows, stream);
+        return;
+      }
       const cudaError_t e =
-          two_rows ? launch_chained(moe_down_q8_kernel<decltype(fmt), 2>, grid, dim3(kMoeThreads), 0, stream, a, hq)
-                   : launch_chained(moe_down_q8_kernel<decltype(fmt), 1>, grid, dim3(kMoeThreads), 0, stream, a, hq);
+          two_rows ? launch_chained(moe_down_q8_kernel<Fmt, 2>, grid, dim3(kMoeThreads), 0, stream, a, hq)
+                   : launch_chained(moe_down_q8_kernel<Fmt, 1>, grid, dim3(kMoeThreads), 0, stream, a, hq);
       status = chained_status(e, "moe_down_q8_kernel");
     });
   } else {

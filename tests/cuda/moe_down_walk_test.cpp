@@ -1,0 +1,226 @@
+// The int8 MoE decode path's down product (moe_matvec.cu) with each of its two walks over a
+// warp's slots' rows: per segment (a row's slices in chunks of its own) and flattened (the
+// slots' slices as one sequence, moe_flat_segments.cuh), forced through
+// MoeFfnArgs::down_walk, and with the default. moe_ffn_matvec is called directly on random
+// experts of every type the int8 path takes. Skips without a GPU.
+//
+// For each case:
+//   - both walks against the double reference of moe_problem.h, within its fast-path bound
+//     (moe_test.cpp's top: int8 rounding carried to the output, + 1e-4 S + 1e-5);
+//   - the walks against each other: every term is computed alike and only the order of the
+//     sum differs (moe_flat_segments.cuh), so |flat - per segment| <= 1e-5 S + 1e-6
+//     (S = sum_j w_j (sum_k |down[i][k] h_k| + |bias_i|); f32 sums of at most a few hundred
+//     terms reordered move by ~(terms per lane + 5) 2^-24 S); where a row is whole chunks (n_ff
+//     1024: 32 slices) they must agree bit for bit;
+//   - the default walk gives the bits of the walk it should pick: flattened where that leaves
+//     fewer chunks, unless KILN_CUDA_MOE_FLAT_SEGMENTS=0 is set in the environment;
+//   - with a residual: the output unchanged, and residual + output added in f32, bit for bit.
+// Row widths: n_ff 768 (24 slices, Qwen3-30B-A3B's experts) and 1536 (48) walk flattened,
+// 1024 (32) is whole; k 1, 2 and 8 slots; 1 and 3 tokens; biases and gpt-oss's SwiGLU on the
+// 3-token cases; 64 tokens (two rows a warp) for four types.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/moe.h"
+#include "cuda_test_support.h"
+#include "moe_problem.h"
+
+namespace kiln::cuda::testing {
+namespace {
+
+// A problem's tensors on the device and the arguments moe_ffn_matvec takes for them.
+struct OnDevice {
+  DeviceBuffer gate, up, down, gate_b, up_b, down_b, x, w, ids, out, residual, scratch;
+  MoeFfnArgs a;
+
+  explicit OnDevice(const Problem& p)
+      : gate(to_device(p.gate)), up(to_device(p.up)), down(to_device(p.down)), gate_b(to_device(p.gate_b)),
+        up_b(to_device(p.up_b)), down_b(to_device(p.down_b)), x(to_device(p.x)), w(to_device(p.w)),
+        ids(to_device(p.ids)), out(size_t(p.T * p.c.n_embd) * sizeof(float)) {
+    const MoeCase& c = p.c;
+    auto matrix = [&](ExpertMatrix& m, GgmlType type, const DeviceBuffer& data, int64_t rows, int64_t cols,
+                      const DeviceBuffer& bias) {
+      m.type = type, m.data = data.as();
+      m.row_bytes = cols / traits(type).block_size * traits(type).type_size, m.expert_bytes = m.row_bytes * rows;
+      m.bias = c.gpt_oss ? bias.as<float>() : nullptr, m.bias_stride = rows;
+    };
+    matrix(a.gate, c.gate_up, gate, c.n_ff, c.n_embd, gate_b);
+    matrix(a.up, c.gate_up, up, c.n_ff, c.n_embd, up_b);
+    matrix(a.down, c.down, down, c.n_embd, c.n_ff, down_b);
+    a.n_embd = c.n_embd, a.n_ff = c.n_ff, a.n_expert = c.n_expert, a.n_used = c.n_used, a.n_tokens = p.T;
+    a.x = x.as<float>(), a.x_stride = c.n_embd;
+    a.ids = ids.as<int32_t>(), a.ids_stride = c.n_used;
+    a.weights = w.as<float>(), a.weights_stride = c.n_used;
+    a.out = out.as<float>(), a.out_stride = c.n_embd;
+    a.act = c.gpt_oss ? GluKind::SwigluOai : GluKind::Silu;
+    scratch = DeviceBuffer(moe_matvec_scratch_bytes(a, false));
+  }
+
+  // The output of one call with `walk` (the residual, if set, is added to as well).
+  std::vector<float> run(MoeDownWalk walk) {
+    a.down_walk = walk;
+    out.poison();
+    const Status st = moe_ffn_matvec(a, false, scratch.as(), scratch.bytes(), nullptr);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return to_host<float>(out, size_t(a.n_tokens * a.n_embd));
+  }
+};
+
+// Whether the default walk should be the flattened one (moe_matvec.cu's flat_down_walk).
+bool default_is_flat(int64_t n_ff, int64_t k) {
+  const char* env = std::getenv("KILN_CUDA_MOE_FLAT_SEGMENTS");
+  if (env && std::string(env) == "0") return false;
+  const int64_t slices = n_ff / 32;
+  return slices % 32 != 0 && (k * slices + 31) / 32 < k * ((slices + 31) / 32);
+}
+
+::testing::AssertionResult near_reference(const std::vector<float>& got, const Problem& p, const std::string& what) {
+  std::vector<double> tol(p.ref.size());
+  for (size_t i = 0; i < tol.size(); ++i) tol[i] = p.fast_tol[i] + 1e-4 * p.scale[i] + 1e-5;
+  return all_close(got, p.ref, tol, what);
+}
+
+::testing::AssertionResult same_but_order(const std::vector<float>& got, const std::vector<float>& other,
+                                          const Problem& p, const std::string& what) {
+  const std::vector<double> want(other.begin(), other.end());
+  std::vector<double> tol(p.scale.size());
+  for (size_t i = 0; i < tol.size(); ++i) tol[i] = 1e-5 * p.scale[i] + 1e-6;
+  return all_close(got, want, tol, what);
+}
+
+void check_type(GgmlType type, std::mt19937_64& rng) {
+  const int64_t embd = traits(type).block_size == 256 ? 256 : 64;
+  for (const int64_t n_ff : {768, 1536, 1024})
+    for (const int64_t k : {1, 2, 8})
+      for (const int64_t T : {1, 3}) {
+        const bool oai = T == 3;
+        const MoeCase c{type, type, embd, n_ff, std::max<int64_t>(k, 4), k, oai};
+        const Problem p = make_problem(rng, c, T);
+        const std::string what = describe(c, T);
+        OnDevice dev(p);
+        ASSERT_TRUE(dev.scratch.ok() && dev.out.ok()) << what;
+        const std::vector<float> per_segment = dev.run(MoeDownWalk::PerSegment);
+        const std::vector<float> flat = dev.run(MoeDownWalk::Flat);
+        const std::vector<float> by_default = dev.run(MoeDownWalk::Default);
+        EXPECT_TRUE(near_reference(per_segment, p, "per-segment walk, " + what));
+        EXPECT_TRUE(near_reference(flat, p, "flattened walk, " + what));
+        if ((n_ff / 32) % 32 == 0)
+          EXPECT_TRUE(all_equal_bits(flat, per_segment, "whole chunks: flattened vs per-segment, " + what));
+        else
+          EXPECT_TRUE(same_but_order(flat, per_segment, p, "flattened vs per-segment, " + what));
+        const bool want_flat = default_is_flat(n_ff, k);
+        EXPECT_TRUE(all_equal_bits(by_default, want_flat ? flat : per_segment,
+                                   std::string("default walk (") + (want_flat ? "flattened" : "per segment") + "), " +
+                                       what));
+        if (T == 3) {  // a residual of another row stride
+          const int64_t rs = embd + 4;
+          const std::vector<float> residual = random_floats(rng, size_t(T * rs), -3.0f, 3.0f);
+          dev.residual = to_device(residual);
+          dev.a.residual = dev.residual.as<float>(), dev.a.residual_stride = rs;
+          const std::vector<float> with_residual = dev.run(MoeDownWalk::Flat);
+          EXPECT_TRUE(all_equal_bits(with_residual, flat, "flattened walk with a residual, output, " + what));
+          std::vector<float> want = residual;
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t d = 0; d < embd; ++d) want[size_t(t * rs + d)] += flat[size_t(t * embd + d)];
+          EXPECT_TRUE(all_equal_bits(to_host<float>(dev.residual, residual.size()), want,
+                                     "flattened walk, residual += output, " + what));
+        }
+      }
+}
+
+TEST(CudaMoeDownWalk, Q4_0) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261201);
+  check_type(GgmlType::Q4_0, rng);
+}
+TEST(CudaMoeDownWalk, Q8_0) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261202);
+  check_type(GgmlType::Q8_0, rng);
+}
+TEST(CudaMoeDownWalk, Q4_K) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261203);
+  check_type(GgmlType::Q4_K, rng);
+}
+TEST(CudaMoeDownWalk, Q5_K) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261204);
+  check_type(GgmlType::Q5_K, rng);
+}
+TEST(CudaMoeDownWalk, Q6_K) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261205);
+  check_type(GgmlType::Q6_K, rng);
+}
+TEST(CudaMoeDownWalk, Mxfp4) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261206);
+  check_type(GgmlType::MXFP4, rng);
+}
+// The other types the int8 path takes (other block sizes, heads and alignments).
+TEST(CudaMoeDownWalk, OtherTypes) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261207);
+  for (const GgmlType type : {GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K,
+                              GgmlType::Q3_K, GgmlType::IQ4_XS})
+    check_type(type, rng);
+}
+
+// Enough tokens (n_tokens * n_embd >= 16384) for two rows a warp: the flattened kernel takes
+// them where they fit its shared memory (q4_K, q6_K, mxfp4) and one row elsewhere (q8_0).
+TEST(CudaMoeDownWalk, TwoRowsPerWarp) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261209);
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::Q8_0}) {
+    const MoeCase c{type, type, 256, 768, 8, 8, type == GgmlType::MXFP4};
+    const int64_t T = 64;
+    const Problem p = make_problem(rng, c, T);
+    const std::string what = describe(c, T);
+    OnDevice dev(p);
+    ASSERT_TRUE(dev.scratch.ok() && dev.out.ok()) << what;
+    const std::vector<float> per_segment = dev.run(MoeDownWalk::PerSegment);
+    const std::vector<float> flat = dev.run(MoeDownWalk::Flat);
+    EXPECT_TRUE(near_reference(flat, p, "flattened walk, " + what));
+    EXPECT_TRUE(same_but_order(flat, per_segment, p, "flattened vs per-segment, " + what));
+  }
+}
+
+// An expert id out of range (past the end, or negative) makes its token's output NaN, the
+// other tokens' untouched, in the flattened walk as in the per-segment one.
+TEST(CudaMoeDownWalk, BadExpertIdGivesNanRows) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261208);
+  for (const GgmlType type : {GgmlType::Q6_K, GgmlType::Q8_0})
+    for (const int32_t bad : {-1, 16}) {
+      const int64_t embd = traits(type).block_size == 256 ? 256 : 64, T = 3, k = 8;
+      const MoeCase c{type, type, embd, 768, 16, k, false};
+      Problem p = make_problem(rng, c, T);
+      p.ids[size_t(1 * k + 5)] = bad;  // token 1, slot 5
+      const std::string what = describe(c, T) + ", id " + std::to_string(bad) + " at token 1 slot 5";
+      OnDevice dev(p);
+      ASSERT_TRUE(dev.scratch.ok() && dev.out.ok()) << what;
+      const std::vector<float> flat = dev.run(MoeDownWalk::Flat);
+      const std::vector<float> per_segment = dev.run(MoeDownWalk::PerSegment);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < embd; ++d) {
+          const float v = flat[size_t(t * embd + d)];
+          EXPECT_EQ(t == 1, std::isnan(v)) << what << ": token " << t << " row " << d << ": " << v;
+          EXPECT_EQ(t == 1, std::isnan(per_segment[size_t(t * embd + d)])) << what << ": per-segment walk, token " << t;
+        }
+      // The other tokens as the per-segment walk has them (token 1 set to 0 in both).
+      std::vector<float> flat_ok = flat, per_segment_ok = per_segment;
+      std::fill(flat_ok.begin() + embd, flat_ok.begin() + 2 * embd, 0.0f);
+      std::fill(per_segment_ok.begin() + embd, per_segment_ok.begin() + 2 * embd, 0.0f);
+      EXPECT_TRUE(same_but_order(flat_ok, per_segment_ok, p, "flattened vs per-segment, other tokens, " + what));
+    }
+}
+
+}  // namespace
+}  // namespace kiln::cuda::testing
