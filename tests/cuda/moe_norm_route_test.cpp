@@ -2,8 +2,10 @@
 // logits, routing in one launch) against a double-precision reference written here, at model
 // sizes (2048 wide, 128 experts top 8; 2880 wide, 32 experts top 4 with a router bias) and
 // awkward ones (5 and 300 experts, widths 68 and 4100: past the columns the kernel holds in
-// registers), 1 to 8 tokens, rows not packed (16-byte aligned). Each case runs three times:
-// the per-token tickets must come back to zero, or the second run would route nothing. Near-ties: a pick
+// registers), 1 to 8 tokens, rows not packed (16-byte aligned). Each case runs four times, twice
+// as the kernel chooses (a thread block cluster per token where its blocks fit one: up to 128
+// experts) and twice with the per-token tickets forced: the tickets must come back to zero, or
+// the next run would route nothing, and both ways give the same bits. Near-ties: a pick
 // that differs from the reference only between two choices within 1e-4 (float logits
 // against double) is accepted, at most one per case. Skips without a GPU.
 #include <gtest/gtest.h>
@@ -129,14 +131,25 @@ TEST(CudaMoeNormRoute, MatchesDoubleReference) {
     a.tickets = d_tickets.as<unsigned>();
     ASSERT_TRUE(moe_norm_route_fits(a)) << what;
 
-    for (int run = 0; run < 3; ++run) {
-      const std::string run_what = what + " run " + std::to_string(run);
+    std::vector<float> first_normed, first_logits, first_w;
+    std::vector<int32_t> first_ids;
+    for (int run = 0; run < 4; ++run) {
+      a.tickets_only = run >= 2;
+      const std::string run_what = what + " run " + std::to_string(run) + (a.tickets_only ? " (tickets)" : "");
       d_normed.poison(), d_logits.poison(), d_ids.poison(), d_w.poison();
       KILN_STATUS_OK(moe_norm_route(a, nullptr));
       const std::vector<float> normed_all = to_host<float>(d_normed, size_t(c.T * normed_stride));
       const std::vector<float> logits_all = to_host<float>(d_logits, size_t(c.T * logits_stride));
       const std::vector<int32_t> ids = to_host<int32_t>(d_ids, size_t(c.T * K));
       const std::vector<float> w = to_host<float>(d_w, size_t(c.T * K));
+      if (run == 0) {
+        first_normed = normed_all, first_logits = logits_all, first_ids = ids, first_w = w;
+      } else {
+        EXPECT_TRUE(all_equal_bits(normed_all, first_normed, run_what + ": normed vs run 0"));
+        EXPECT_TRUE(all_equal_bits(logits_all, first_logits, run_what + ": logits vs run 0"));
+        EXPECT_EQ(ids, first_ids) << run_what << ": ids vs run 0";
+        EXPECT_TRUE(all_equal_bits(w, first_w, run_what + ": weights vs run 0"));
+      }
       const std::vector<uint32_t> tickets = to_host<uint32_t>(d_tickets, size_t(c.T));
       for (int64_t t = 0; t < c.T; ++t) EXPECT_EQ(tickets[size_t(t)], 0u) << run_what << ": ticket of token " << t;
 

@@ -28,19 +28,17 @@ __device__ __forceinline__ double warp_sum_double(double v) {
   return v;
 }
 
-// Routes token t: reads its logits (through L2: the fused kernel's other blocks wrote them),
-// writes its ids and weights. The whole warp calls it.
-template <int kPerLane>
-__device__ __forceinline__ void route_token(const MoeRouteArgs& a, int64_t t) {
+// The scores of the experts lane + 32 i (the gating applied) and the values they are chosen
+// by (score + selection bias), from the logits read through `logit(e)`. The whole warp calls it.
+template <int kPerLane, typename Logit>
+__device__ __forceinline__ void route_scores(const MoeRouteArgs& a, Logit&& logit, float (&score)[kPerLane],
+                                             float (&choose)[kPerLane]) {
   const int lane = threadIdx.x % kWarpSize;
-  const float* l = a.logits + t * a.logits_stride;
-
-  float score[kPerLane], choose[kPerLane];
   float m = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + kWarpSize * i;
-    score[i] = e < a.n_expert ? __ldcg(l + e) : -INFINITY;
+    score[i] = e < a.n_expert ? logit(e) : -INFINITY;
     m = fmaxf(m, score[i]);
   }
   if (a.gating == 0) {  // softmax over all experts: exp in f32 and the sum in double, as the CPU
@@ -63,10 +61,22 @@ __device__ __forceinline__ void route_token(const MoeRouteArgs& a, int64_t t) {
     const int e = lane + kWarpSize * i;
     choose[i] = score[i] + (a.selection_bias && e < a.n_expert ? a.selection_bias[e] : 0.0f);
   }
+}
 
+// Whether expert `o` (chosen by co) goes before expert `e` (chosen by ce): the larger first,
+// equal ones in index order (the CPU backend's stable sort).
+__device__ __forceinline__ bool goes_before(float co, int o, float ce, int e) {
+  return co > ce || (co == ce && o < e);
+}
+
+// The k picks as k rounds of "first not yet taken" across the warp: lane j gets slot j's
+// expert and score.
+template <int kPerLane>
+__device__ __forceinline__ void pick_by_rounds(const MoeRouteArgs& a, const float (&score)[kPerLane],
+                                               const float (&choose)[kPerLane], int& my_id, float& my_w) {
+  const int lane = threadIdx.x % kWarpSize;
   uint32_t taken = 0;  // bit i: expert lane + 32 i is chosen
-  int my_id = 0;       // lane j: slot j's expert and score
-  float my_w = 0.0f;
+  my_id = 0, my_w = 0.0f;
   for (int j = 0; j < a.n_used; ++j) {
     int best = -1;
     float best_choice = 0.0f, best_score = 0.0f;
@@ -81,15 +91,19 @@ __device__ __forceinline__ void route_token(const MoeRouteArgs& a, int64_t t) {
       const int other = __shfl_xor_sync(kFullMask, best, offset);
       const float other_choice = __shfl_xor_sync(kFullMask, best_choice, offset);
       const float other_score = __shfl_xor_sync(kFullMask, best_score, offset);
-      const bool better =
-          other >= 0 && (best < 0 || other_choice > best_choice || (other_choice == best_choice && other < best));
+      const bool better = other >= 0 && (best < 0 || goes_before(other_choice, other, best_choice, best));
       if (better) best = other, best_choice = other_choice, best_score = other_score;
     }
     // n_used <= n_expert, so some expert is always left: best >= 0 here.
     if (best % kWarpSize == lane) taken |= 1u << (best / kWarpSize);
     if (lane == j) my_id = best, my_w = best_score;
   }
+}
 
+// The weights of the picks (lane j: slot j's expert and score) and the stores of token t's
+// ids and weights. The whole warp calls it.
+__device__ __forceinline__ void finish_route(const MoeRouteArgs& a, int64_t t, int my_id, float my_w) {
+  const int lane = threadIdx.x % kWarpSize;
   const bool slot = lane < a.n_used;
   if (a.gating == 2) {  // softmax over the chosen k (slot 0 holds the largest)
     const float top = __shfl_sync(kFullMask, my_w, 0);
@@ -105,6 +119,26 @@ __device__ __forceinline__ void route_token(const MoeRouteArgs& a, int64_t t) {
     a.ids[t * a.ids_stride + lane] = my_id;
     a.weights[t * a.weights_stride + lane] = my_w * a.scale;
   }
+}
+
+// Routes token t: reads its logits through `logit(e)`, writes its ids and weights. The whole
+// warp calls it.
+template <int kPerLane, typename Logit>
+__device__ __forceinline__ void route_token(const MoeRouteArgs& a, int64_t t, Logit&& logit) {
+  float score[kPerLane], choose[kPerLane];
+  route_scores<kPerLane>(a, logit, score, choose);
+  int my_id;
+  float my_w;
+  pick_by_rounds<kPerLane>(a, score, choose, my_id, my_w);
+  finish_route(a, t, my_id, my_w);
+}
+
+// The same, token t's logits read from global memory through L2 (other blocks, or the kernel
+// before, wrote them).
+template <int kPerLane>
+__device__ __forceinline__ void route_token(const MoeRouteArgs& a, int64_t t) {
+  const float* l = a.logits + t * a.logits_stride;
+  route_token<kPerLane>(a, t, [&](int e) { return __ldcg(l + e); });
 }
 
 // What the routing cannot take, or an empty string.

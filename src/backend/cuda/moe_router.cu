@@ -12,11 +12,21 @@
 //      (after a fence; the others' writes precede their tickets) and routes the token with
 //      moe_route's warp routine, then sets the ticket back to zero for the next launch.
 // Deterministic: each logit is one warp's fixed-order sum, the routing sees them all.
+//
+// Where a token's blocks fit one thread block cluster (at most kMaxClusterBlocks: 128
+// experts), step 4 is instead: each warp also writes its logit into the shared memory of the
+// cluster's first block, the cluster meets at its barrier, and that block routes the token
+// from its own shared memory. This drops the chain of global round trips at the end (the
+// fence after the logit stores, the ticket's atomic, the last block's fence and its reads of
+// the logits back through L2). KILN_CUDA_ROUTER_CLUSTER=0 keeps the tickets.
 // (v1 read x and the norm weights in loops of dependent 4-byte loads, with global stores
 // between them: ~16 L2 round trips after the wait, 13.5 us per layer in the chained graph
 // against ~10 for the three kernels it replaced.)
+#include <cooperative_groups.h>
+
 #include <string>
 
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/moe_route.cuh"
 
@@ -33,10 +43,53 @@ constexpr int64_t kPrefetchCols = int64_t(kPrefetchVecs) * kWarpSize * 4;
 // x and the norm weights: up to 8 float4 per thread.
 constexpr int kXVecs = 8;
 constexpr int64_t kMaxEmbd = int64_t(kXVecs) * kRouterThreads * 4;  // 8192: 32 KB of shared memory
+// A cluster of up to 16 blocks (a non-portable size above 8): 128 experts, one a warp.
+constexpr int kMaxClusterBlocks = 16;
+constexpr int kMaxClusterExperts = kMaxClusterBlocks * kRouterWarps;
 
+// Routes token t from its logits in shared memory with the whole block (the cluster's first
+// block): warp 0 computes the scores; then every expert's slot is its rank, the experts that
+// go before it (route_detail::goes_before: the order the k rounds of pick_by_rounds take, so
+// the same picks in the same slots), counted by two threads an expert over halves of the
+// others; the experts of rank < k write their slots; warp 0 finishes. Two block barriers
+// instead of the k dependent rounds of warp shuffles. Experts without a strict order (NaN
+// logits) could share a rank: the slots start at id -1, which the expert kernels turn into
+// NaN outputs, never into a wrong expert.
 template <int kPerLane>
-__global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormRouteArgs a) {
+__device__ __forceinline__ void route_in_block(const MoeRouteArgs& a, int64_t t, const float* logits) {
+  static_assert(kPerLane * kWarpSize <= kRouterThreads / 2, "two threads an expert");
+  __shared__ float score_s[kPerLane * kWarpSize], choose_s[kPerLane * kWarpSize];
+  __shared__ int slot_id[route_detail::kMaxUsed];
+  __shared__ float slot_score[route_detail::kMaxUsed];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (warp == 0) {
+    float score[kPerLane], choose[kPerLane];
+    route_detail::route_scores<kPerLane>(a, [&](int e) { return logits[e]; }, score, choose);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score_s[lane + kWarpSize * i] = score[i], choose_s[lane + kWarpSize * i] = choose[i];
+    if (lane < a.n_used) slot_id[lane] = -1, slot_score[lane] = 0.0f;
+  }
+  __syncthreads();
+  const int e = threadIdx.x / 2, half = threadIdx.x % 2;
+  const int n = int(a.n_expert);
+  int before = 0;
+  if (e < n) {
+    const float ce = choose_s[e];
+    for (int o = half; o < n; o += 2) before += route_detail::goes_before(choose_s[o], o, ce, e) ? 1 : 0;
+  }
+  before += __shfl_xor_sync(detail::kFullMask, before, 1);
+  if (e < n && half == 0 && before < a.n_used) slot_id[before] = e, slot_score[before] = score_s[e];
+  __syncthreads();
+  if (warp == 0) {
+    const bool slot = lane < a.n_used;
+    route_detail::finish_route(a, t, slot ? slot_id[lane] : 0, slot ? slot_score[lane] : 0.0f);
+  }
+}
+
+template <int kPerLane, bool kCluster>
+__global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormRouteArgs a, bool ranked) {
   extern __shared__ __align__(16) float4 xs[];  // the normed row [n_embd / 4]
+  __shared__ float cluster_logits[kCluster ? kMaxClusterExperts : 1];  // the first block's: all logits
   __shared__ float partial[kRouterWarps];
   __shared__ bool last;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -103,7 +156,20 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
       acc = fmaf(wr.z, xn.z, acc), acc = fmaf(wr.w, xn.w, acc);
     }
     acc = detail::warp_sum(acc);
-    if (lane == 0) a.logits[t * a.route.logits_stride + row] = acc + (a.router_bias ? a.router_bias[row] : 0.0f);
+    const float logit = acc + (a.router_bias ? a.router_bias[row] : 0.0f);
+    if (lane == 0) a.logits[t * a.route.logits_stride + row] = logit;
+    if constexpr (kCluster)
+      if (lane == 0) cooperative_groups::this_cluster().map_shared_rank(cluster_logits, 0)[row] = logit;
+  }
+
+  if constexpr (kCluster) {  // the cluster's first block routes from its shared memory
+    cooperative_groups::this_cluster().sync();
+    if (blockIdx.x != 0) return;
+    if (ranked)
+      route_in_block<kPerLane>(a.route, t, cluster_logits);
+    else if (warp == 0)
+      route_detail::route_token<kPerLane>(a.route, t, [&](int e) { return cluster_logits[e]; });
+    return;
   }
 
   // The last block of this token routes it.
@@ -115,6 +181,52 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
   __threadfence();
   if (warp == 0) route_detail::route_token<kPerLane>(a.route, t);
   if (threadIdx.x == 0) a.tickets[t] = 0;
+}
+
+bool router_clusters_allowed() {
+  static const bool allowed = !env_is("KILN_CUDA_ROUTER_CLUSTER", "0");
+  return allowed;
+}
+
+// KILN_CUDA_ROUTE_RANKED=0: the cluster's first block routes with warp 0's k rounds
+// (route_token) instead of route_in_block.
+bool ranked_routing_allowed() {
+  static const bool allowed = !env_is("KILN_CUDA_ROUTE_RANKED", "0");
+  return allowed;
+}
+
+// Whether one cluster of `blocks` blocks of this kernel fits the device (sizes above 8 are
+// non-portable: allowed on the kernel first).
+template <auto kernel>
+bool cluster_fits(int blocks, size_t shared) {
+  if (blocks > 8 &&
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(blocks), 1, 1);
+  config.blockDim = dim3(kRouterThreads);
+  config.dynamicSmemBytes = shared;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = unsigned(blocks), attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute, config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return clusters > 0;
+}
+
+// cluster_fits, asked once per kernel and size (with the shared memory of the first launch of
+// that size: n_embd floats, one width per model).
+template <auto kernel>
+bool cluster_launchable(int blocks, size_t shared) {
+  static int known[kMaxClusterBlocks + 1] = {};  // 0 not asked, 1 yes, 2 no
+  if (known[blocks] == 0) known[blocks] = cluster_fits<kernel>(blocks, shared) ? 1 : 2;
+  return known[blocks] == 1;
 }
 
 }  // namespace router_detail
@@ -143,8 +255,15 @@ Status moe_norm_route(const MoeNormRouteArgs& a, cudaStream_t stream) {
   const dim3 grid(unsigned((a.route.n_expert + kRouterWarps - 1) / kRouterWarps), unsigned(a.route.n_tokens));
   const size_t shared = size_t(a.n_embd) * sizeof(float);
   const cudaError_t e = route_detail::visit_per_lane(a.route.n_expert, [&](auto per_lane) {
-    return launch_chained(moe_norm_route_kernel<decltype(per_lane)::value>, grid, dim3(kRouterThreads), shared, stream,
-                          a);
+    constexpr int kPerLane = decltype(per_lane)::value;
+    if constexpr (kPerLane * kWarpSize <= kMaxClusterExperts) {  // grid.x <= kMaxClusterBlocks
+      constexpr auto kernel = moe_norm_route_kernel<kPerLane, true>;
+      if (!a.tickets_only && router_clusters_allowed() && cluster_launchable<kernel>(int(grid.x), shared))
+        return launch_chained_in_clusters(kernel, grid, dim3(grid.x, 1, 1), dim3(kRouterThreads), shared, stream, a,
+                                          ranked_routing_allowed());
+    }
+    return launch_chained(moe_norm_route_kernel<kPerLane, false>, grid, dim3(kRouterThreads), shared, stream, a,
+                          false);
   });
   if (e != cudaSuccess) return Status::from_cuda(e, "moe_norm_route_kernel");
   return launch_status("moe_norm_route_kernel");

@@ -130,6 +130,9 @@ struct MoeNormRouteArgs {
   float* logits = nullptr;             // [n_tokens][n_expert], row stride route.logits_stride
   MoeRouteArgs route;                  // route.logits == logits (read back by the routing)
   unsigned* tickets = nullptr;         // [n_tokens]
+  // Tests: the tickets even where the token's blocks fit a thread block cluster (moe_router.cu
+  // routes from the cluster's shared memory there; the same results, bit for bit).
+  bool tickets_only = false;
 };
 // Whether the fused kernel takes these sizes and alignments (else run the three ops).
 bool moe_norm_route_fits(const MoeNormRouteArgs& args);
