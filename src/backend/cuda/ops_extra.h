@@ -114,8 +114,10 @@ Status moe_route(const MoeRouteArgs& args, cudaStream_t stream);
 // The MoE layer's front in one launch, for a few tokens: the RMS norm of x (written to
 // normed, the experts' input), the router's logits of the normed row (f32 router, optional
 // bias) and the routing of MoeRouteArgs (`route`: its logits are `logits` here). Blocks
-// split the router's rows; the last block of a token to finish (a ticket per token in
-// `tickets`, zero before the launch and left zero after) routes it. x, normed, the norm
+// split the router's rows. Where a token's blocks fit one thread block cluster (up to 128
+// experts) the cluster's first block routes it from its shared memory; otherwise the last
+// block of a token to finish (a ticket per token in `tickets`, zero before the launch and left
+// zero after) does. x, normed, the norm
 // weights and the router rows start 16-byte aligned (moe_norm_route_fits).
 struct MoeNormRouteArgs {
   const float* x = nullptr;  // [n_tokens][n_embd], row stride x_stride
