@@ -40,9 +40,12 @@ constexpr int kRouterThreads = kRouterWarps * kWarpSize;
 // Columns of a router row held in registers from before the wait: 16 float4 per lane.
 constexpr int kPrefetchVecs = 16;
 constexpr int64_t kPrefetchCols = int64_t(kPrefetchVecs) * kWarpSize * 4;
-// x and the norm weights: up to 8 float4 per thread.
+// x and the norm weights: up to 8 float4 per thread, held in registers sized to the width (2 up
+// to 2048 values: 48 registers a thread fewer than 8, for room beside other kernels' blocks).
 constexpr int kXVecs = 8;
+constexpr int kNarrowXVecs = 2;
 constexpr int64_t kMaxEmbd = int64_t(kXVecs) * kRouterThreads * 4;  // 8192: 32 KB of shared memory
+constexpr int64_t kNarrowMaxEmbd = int64_t(kNarrowXVecs) * kRouterThreads * 4;  // 2048
 // A cluster of up to 16 blocks (a non-portable size above 8): 128 experts, one a warp.
 constexpr int kMaxClusterBlocks = 16;
 constexpr int kMaxClusterExperts = kMaxClusterBlocks * kRouterWarps;
@@ -86,7 +89,7 @@ __device__ __forceinline__ void route_in_block(const MoeRouteArgs& a, int64_t t,
   }
 }
 
-template <int kPerLane, bool kCluster>
+template <int kPerLane, bool kCluster, int kVecs = kXVecs>
 __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormRouteArgs a, bool ranked) {
   extern __shared__ __align__(16) float4 xs[];  // the normed row [n_embd / 4]
   __shared__ float cluster_logits[kCluster ? kMaxClusterExperts : 1];  // the first block's: all logits
@@ -99,36 +102,36 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
   const float4* w = reinterpret_cast<const float4*>(a.router + (owns_row ? row : 0) * a.router_stride);
   const float4* norm4 = reinterpret_cast<const float4*>(a.norm_weight);
 
-  float4 wv[kPrefetchVecs], nw[kXVecs];
+  float4 wv[kPrefetchVecs], nw[kVecs];
 #pragma unroll
   for (int i = 0; i < kPrefetchVecs; ++i) {
     const int64_t v = int64_t(i) * kWarpSize + lane;
     wv[i] = v < n4 ? __ldg(w + v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
-  for (int s = 0; s < kXVecs; ++s) {
+  for (int s = 0; s < kVecs; ++s) {
     const int64_t v = int64_t(s) * kRouterThreads + threadIdx.x;
     nw[s] = norm4 && v < n4 ? __ldg(norm4 + v) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
   }
   detail::begin_chained_kernel();
 
   const float4* x4 = reinterpret_cast<const float4*>(a.x + t * a.x_stride);
-  float4 xv[kXVecs];
+  float4 xv[kVecs];
   float sum_sq = 0.0f;
 #pragma unroll
-  for (int s = 0; s < kXVecs; ++s) {
+  for (int s = 0; s < kVecs; ++s) {
     const int64_t v = int64_t(s) * kRouterThreads + threadIdx.x;
     xv[s] = v < n4 ? x4[v] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
-  for (int s = 0; s < kXVecs; ++s) {
+  for (int s = 0; s < kVecs; ++s) {
     sum_sq = fmaf(xv[s].x, xv[s].x, sum_sq), sum_sq = fmaf(xv[s].y, xv[s].y, sum_sq);
     sum_sq = fmaf(xv[s].z, xv[s].z, sum_sq), sum_sq = fmaf(xv[s].w, xv[s].w, sum_sq);
   }
   const float inv = rsqrtf(detail::block_sum<kRouterWarps>(sum_sq, partial) / float(a.n_embd) + a.eps);  // rmsnorm()'s
   float4* normed4 = reinterpret_cast<float4*>(a.normed + t * a.normed_stride);
 #pragma unroll
-  for (int s = 0; s < kXVecs; ++s) {
+  for (int s = 0; s < kVecs; ++s) {
     const int64_t v = int64_t(s) * kRouterThreads + threadIdx.x;
     if (v >= n4) break;
     // (x * inv) * weight, rounded at each step as rmsnorm() does; no weight: times 1, exact.
@@ -185,6 +188,13 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
 
 bool router_clusters_allowed() {
   static const bool allowed = !env_is("KILN_CUDA_ROUTER_CLUSTER", "0");
+  return allowed;
+}
+
+// KILN_CUDA_ROUTER_NARROW=0: the cluster kernel holds x in registers for 8192 values whatever
+// the width (kXVecs) instead of for 2048 where the model's width allows (kNarrowXVecs).
+bool narrow_registers_allowed() {
+  static const bool allowed = !env_is("KILN_CUDA_ROUTER_NARROW", "0");
   return allowed;
 }
 
@@ -257,10 +267,17 @@ Status moe_norm_route(const MoeNormRouteArgs& a, cudaStream_t stream) {
   const cudaError_t e = route_detail::visit_per_lane(a.route.n_expert, [&](auto per_lane) {
     constexpr int kPerLane = decltype(per_lane)::value;
     if constexpr (kPerLane * kWarpSize <= kMaxClusterExperts) {  // grid.x <= kMaxClusterBlocks
-      constexpr auto kernel = moe_norm_route_kernel<kPerLane, true>;
-      if (!a.tickets_only && router_clusters_allowed() && cluster_launchable<kernel>(int(grid.x), shared))
-        return launch_chained_in_clusters(kernel, grid, dim3(grid.x, 1, 1), dim3(kRouterThreads), shared, stream, a,
-                                          ranked_routing_allowed());
+      if (!a.tickets_only && router_clusters_allowed()) {
+        const bool narrow = a.n_embd <= kNarrowMaxEmbd && narrow_registers_allowed();
+        constexpr auto wide = moe_norm_route_kernel<kPerLane, true>;
+        constexpr auto slim = moe_norm_route_kernel<kPerLane, true, kNarrowXVecs>;
+        if (narrow && cluster_launchable<slim>(int(grid.x), shared))
+          return launch_chained_in_clusters(slim, grid, dim3(grid.x, 1, 1), dim3(kRouterThreads), shared, stream, a,
+                                            ranked_routing_allowed());
+        if (cluster_launchable<wide>(int(grid.x), shared))
+          return launch_chained_in_clusters(wide, grid, dim3(grid.x, 1, 1), dim3(kRouterThreads), shared, stream, a,
+                                            ranked_routing_allowed());
+      }
     }
     return launch_chained(moe_norm_route_kernel<kPerLane, false>, grid, dim3(kRouterThreads), shared, stream, a,
                           false);
