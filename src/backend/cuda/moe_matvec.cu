@@ -240,11 +240,12 @@ __device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int6
   if (a.residual) a.residual[t * a.residual_stride + row] += sum;
 }
 
-// Grid (ceil(n_embd / (kMoeWarps * kRows)), tokens).
-template <typename Fmt, int kRows>
+// Grid (ceil(n_embd / (kMoeWarps * kRows)), tokens). kFlat: the slots' rows walked as one
+// flattened sequence of slices (moe_flat_segments.cuh), else each in chunks of its own.
+template <typename Fmt, int kRows, bool kFlat>
 __global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, Q8Rows hq) {
-  using S = ChunkShape<Fmt>;
-  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * kRows * S::kStageBytes];
+  constexpr int kStageBytes = kFlat ? FlatChunkShape<Fmt>::kStageBytes : ChunkShape<Fmt>::kStageBytes;
+  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * kRows * kStageBytes];
   const int warp = threadIdx.x / kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.x) * kMoeWarps + warp) * kRows;
   const int64_t t = blockIdx.y;
@@ -253,25 +254,11 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, 
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  segments_dot_q8<Fmt, kRows>(segs, int(a.n_used), a.n_ff / 32, stage[warp], acc, [] { begin_chained_kernel(); });
-  finish_down<kRows>(a, t, row0, acc);
-}
-
-// The same over the flattened walk (moe_flat_segments.cuh); same grid.
-template <typename Fmt, int kRows>
-__global__ void __launch_bounds__(kMoeThreads) moe_down_q8_flat_kernel(MoeFfnArgs a, Q8Rows hq) {
-  using S = FlatChunkShape<Fmt>;
-  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * kRows * S::kStageBytes];
-  const int warp = threadIdx.x / kWarpSize;
-  const int64_t row0 = (int64_t(blockIdx.x) * kMoeWarps + warp) * kRows;
-  const int64_t t = blockIdx.y;
-  if (row0 >= a.n_embd) return;
-  DownSegments<kRows> segs{&a, t, row0, hq};
-  float acc[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  segments_dot_q8_flat<Fmt, kRows, kMoeStages>(segs, int(a.n_used), int(a.n_ff / Fmt::kElems), stage[warp], acc,
-                                                [] { begin_chained_kernel(); });
+  if constexpr (kFlat)
+    segments_dot_q8_flat<Fmt, kRows, kMoeStages>(segs, int(a.n_used), int(a.n_ff / Fmt::kElems), stage[warp], acc,
+                                                  [] { begin_chained_kernel(); });
+  else
+    segments_dot_q8<Fmt, kRows>(segs, int(a.n_used), a.n_ff / 32, stage[warp], acc, [] { begin_chained_kernel(); });
   finish_down<kRows>(a, t, row0, acc);
 }
 
@@ -398,12 +385,12 @@ Status launch_flat_down(const MoeFfnArgs& a, const Q8Rows& hq, bool two_rows, cu
   };
   cudaError_t e;
   if constexpr (kFlatTwoRowsFit<Fmt>) {
-    e = two_rows ? launch_chained(moe_down_q8_flat_kernel<Fmt, 2>, grid(2), dim3(kMoeThreads), 0, stream, a, hq)
-                 : launch_chained(moe_down_q8_flat_kernel<Fmt, 1>, grid(1), dim3(kMoeThreads), 0, stream, a, hq);
+    e = two_rows ? launch_chained(moe_down_q8_kernel<Fmt, 2, true>, grid(2), dim3(kMoeThreads), 0, stream, a, hq)
+                 : launch_chained(moe_down_q8_kernel<Fmt, 1, true>, grid(1), dim3(kMoeThreads), 0, stream, a, hq);
   } else {
-    e = launch_chained(moe_down_q8_flat_kernel<Fmt, 1>, grid(1), dim3(kMoeThreads), 0, stream, a, hq);
+    e = launch_chained(moe_down_q8_kernel<Fmt, 1, true>, grid(1), dim3(kMoeThreads), 0, stream, a, hq);
   }
-  return chained_status(e, "moe_down_q8_flat_kernel");
+  return chained_status(e, "moe_down_q8_kernel (flattened)");
 }
 
 }  // namespace detail
@@ -481,8 +468,8 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
         return;
       }
       const cudaError_t e =
-          two_rows ? launch_chained(moe_down_q8_kernel<Fmt, 2>, grid, dim3(kMoeThreads), 0, stream, a, hq)
-                   : launch_chained(moe_down_q8_kernel<Fmt, 1>, grid, dim3(kMoeThreads), 0, stream, a, hq);
+          two_rows ? launch_chained(moe_down_q8_kernel<Fmt, 2, false>, grid, dim3(kMoeThreads), 0, stream, a, hq)
+                   : launch_chained(moe_down_q8_kernel<Fmt, 1, false>, grid, dim3(kMoeThreads), 0, stream, a, hq);
       status = chained_status(e, "moe_down_q8_kernel");
     });
   } else {
