@@ -134,44 +134,24 @@ void check_type(GgmlType type, std::mt19937_64& rng) {
       }
 }
 
-TEST(CudaMoeDownWalk, Q4_0) {
+// Every type the int8 path takes: the k-quants, mxfp4, and the other block sizes, heads and
+// alignments.
+class CudaMoeDownWalkType : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(CudaMoeDownWalkType, WalksMeetTheReferenceAndAgree) {
   KILN_REQUIRE_GPU();
-  std::mt19937_64 rng(20261201);
-  check_type(GgmlType::Q4_0, rng);
+  std::mt19937_64 rng(20261200 + uint64_t(GetParam()));
+  check_type(GetParam(), rng);
 }
-TEST(CudaMoeDownWalk, Q8_0) {
-  KILN_REQUIRE_GPU();
-  std::mt19937_64 rng(20261202);
-  check_type(GgmlType::Q8_0, rng);
-}
-TEST(CudaMoeDownWalk, Q4_K) {
-  KILN_REQUIRE_GPU();
-  std::mt19937_64 rng(20261203);
-  check_type(GgmlType::Q4_K, rng);
-}
-TEST(CudaMoeDownWalk, Q5_K) {
-  KILN_REQUIRE_GPU();
-  std::mt19937_64 rng(20261204);
-  check_type(GgmlType::Q5_K, rng);
-}
-TEST(CudaMoeDownWalk, Q6_K) {
-  KILN_REQUIRE_GPU();
-  std::mt19937_64 rng(20261205);
-  check_type(GgmlType::Q6_K, rng);
-}
-TEST(CudaMoeDownWalk, Mxfp4) {
-  KILN_REQUIRE_GPU();
-  std::mt19937_64 rng(20261206);
-  check_type(GgmlType::MXFP4, rng);
-}
-// The other types the int8 path takes (other block sizes, heads and alignments).
-TEST(CudaMoeDownWalk, OtherTypes) {
-  KILN_REQUIRE_GPU();
-  std::mt19937_64 rng(20261207);
-  for (const GgmlType type : {GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K,
-                              GgmlType::Q3_K, GgmlType::IQ4_XS})
-    check_type(type, rng);
-}
+
+INSTANTIATE_TEST_SUITE_P(Int8Types, CudaMoeDownWalkType,
+                         ::testing::Values(GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+                                           GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::Q4_1, GgmlType::Q5_0,
+                                           GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K, GgmlType::Q3_K,
+                                           GgmlType::IQ4_XS),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(type_name(info.param));
+                         });
 
 // Enough tokens (n_tokens * n_embd >= 16384) for two rows a warp: the flattened kernel takes
 // them where they fit its shared memory (q4_K, q6_K, mxfp4) and one row elsewhere (q8_0).
