@@ -376,21 +376,18 @@ bool flat_down_walk(const MoeFfnArgs& a, int64_t block_elems) {
   return allowed && n_slices % kWarpSize != 0 && flat_chunks < per_segment_chunks;
 }
 
-// The flattened down kernel, two rows a warp where asked and where they fit.
-template <typename Fmt>
-Status launch_flat_down(const MoeFfnArgs& a, const Q8Rows& hq, bool two_rows, cudaStream_t stream) {
-  auto grid = [&](int rows_per_warp) {
-    const int rows_per_block = kMoeWarps * rows_per_warp;
-    return dim3(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
-  };
-  cudaError_t e;
-  if constexpr (kFlatTwoRowsFit<Fmt>) {
-    e = two_rows ? launch_chained(moe_down_q8_kernel<Fmt, 2, true>, grid(2), dim3(kMoeThreads), 0, stream, a, hq)
-                 : launch_chained(moe_down_q8_kernel<Fmt, 1, true>, grid(1), dim3(kMoeThreads), 0, stream, a, hq);
-  } else {
-    e = launch_chained(moe_down_q8_kernel<Fmt, 1, true>, grid(1), dim3(kMoeThreads), 0, stream, a, hq);
-  }
-  return chained_status(e, "moe_down_q8_kernel (flattened)");
+// The down kernel with either walk, two rows a warp where asked and where its stage fits.
+template <typename Fmt, bool kFlat>
+Status launch_down(const MoeFfnArgs& a, const Q8Rows& hq, bool two_rows, cudaStream_t stream) {
+  constexpr bool kTwoRowsFit = !kFlat || kFlatTwoRowsFit<Fmt>;
+  const int rows_per_warp = kTwoRowsFit && two_rows ? 2 : 1;
+  const int rows_per_block = kMoeWarps * rows_per_warp;
+  const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
+  const cudaError_t e =
+      rows_per_warp == 2
+          ? launch_chained(moe_down_q8_kernel<Fmt, kTwoRowsFit ? 2 : 1, kFlat>, grid, dim3(kMoeThreads), 0, stream, a, hq)
+          : launch_chained(moe_down_q8_kernel<Fmt, 1, kFlat>, grid, dim3(kMoeThreads), 0, stream, a, hq);
+  return chained_status(e, kFlat ? "moe_down_q8_kernel (flattened)" : "moe_down_q8_kernel");
 }
 
 }  // namespace detail
@@ -459,18 +456,10 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
       return st;
     // One row per warp gives more warps (more copies in flight) while the grid is small.
     const bool two_rows = a.n_tokens * a.n_embd >= 16384;
-    const int rows_per_block = kMoeWarps * (two_rows ? 2 : 1);
-    const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
     visit_quant_format(a.down.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
-      if (flat_down_walk(a, Fmt::kElems)) {
-        status = launch_flat_down<Fmt>(a, hq, two_rows, stream);
-        return;
-      }
-      const cudaError_t e =
-          two_rows ? launch_chained(moe_down_q8_kernel<Fmt, 2, false>, grid, dim3(kMoeThreads), 0, stream, a, hq)
-                   : launch_chained(moe_down_q8_kernel<Fmt, 1, false>, grid, dim3(kMoeThreads), 0, stream, a, hq);
-      status = chained_status(e, "moe_down_q8_kernel");
+      status = flat_down_walk(a, Fmt::kElems) ? launch_down<Fmt, true>(a, hq, two_rows, stream)
+                                              : launch_down<Fmt, false>(a, hq, two_rows, stream);
     });
   } else {
     const dim3 grid(unsigned((a.n_embd + kMoeWarps - 1) / kMoeWarps), unsigned(a.n_tokens));

@@ -186,6 +186,7 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
   if (threadIdx.x == 0) a.tickets[t] = 0;
 }
 
+// KILN_CUDA_ROUTER_CLUSTER=0: the per-token tickets even where a token's blocks fit a cluster.
 bool router_clusters_allowed() {
   static const bool allowed = !env_is("KILN_CUDA_ROUTER_CLUSTER", "0");
   return allowed;
