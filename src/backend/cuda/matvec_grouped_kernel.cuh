@@ -374,13 +374,24 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
   __syncthreads();
 
   float acc = 0.0f;
+  // The old values of the task's row in its part's add and accumulate vectors (a residual
+  // stream), read by the row's storing lane at the task's first chunk, so that the loads overlap
+  // the products instead of adding a round trip to L2 at the task's (and the kernel's) end.
+  float add_old = 0.0f, accumulate_old = 0.0f;
   for (int i = 0; i < items; ++i) {
     if constexpr (kStages > 1) issue(i + 1);
-    cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
-    __syncwarp();                  // ... and every lane's
     const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
     const int group = chunk * kLanesPerRow + li;
     const int row = first_row_of(task) + slot;
+    if (chunk == 0 && li == 0 && row < rows) {
+      int part, local;
+      seg.locate(row, part, local);
+      if (const float* add = GroupedSegments::pick(seg.add, part)) add_old = add[local];
+      const float* target = GroupedSegments::pick(seg.acc, part);
+      if (target && target != GroupedSegments::pick(seg.y, part)) accumulate_old = target[local];
+    }
+    cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
+    __syncwarp();                  // ... and every lane's
     if (group < groups && row < rows) {
       const uint8_t* stage =  // this row's groups
           my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kLanesPerRow * kG;
@@ -400,8 +411,7 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
       int part = 0, local = 0;
       if (row < rows) {
         seg.locate(row, part, local);
-        const float* add = GroupedSegments::pick(seg.add, part);
-        if (add) v += add[local];
+        if (GroupedSegments::pick(seg.add, part)) v += add_old;  // used by the storing lane (li == 0) only
       }
       bool plain_store = li == 0 && row < rows;
       if constexpr (kLanesPerRow == 16) {
@@ -412,8 +422,10 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
         }
       }
       if (plain_store) {
-        GroupedSegments::pick(seg.y, part)[local] = v;
-        if (float* acc = GroupedSegments::pick(seg.acc, part)) acc[local] += v;
+        float* y = GroupedSegments::pick(seg.y, part);
+        y[local] = v;
+        if (float* target = GroupedSegments::pick(seg.acc, part))
+          target[local] = target == y ? target[local] + v : accumulate_old + v;
       }
       acc = 0.0f;
     }

@@ -218,10 +218,20 @@ struct DownSegments {
   __device__ float factor(int j) const { return a->weights[t * a->weights_stride + j]; }
 };
 
-// Writes out[t][row0 + r] for the warp's rows: the slots' weighted biases added, NaN when a
-// slot's id is out of range; adds the same to the residual when there is one.
+// The residual's old value for lane r's row r0 + r (r < kRows), read right after the wait so that
+// the load overlaps the products (finish_down adds to it); 0 on other lanes or without one.
 template <int kRows>
-__device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int64_t row0, float (&acc)[kRows]) {
+__device__ __forceinline__ float residual_old(const MoeFfnArgs& a, int64_t t, int64_t row0) {
+  const int lane = threadIdx.x % kWarpSize;
+  return a.residual && lane < kRows && row0 + lane < a.n_embd ? a.residual[t * a.residual_stride + row0 + lane] : 0.0f;
+}
+
+// Writes out[t][row0 + r] for the warp's rows: the slots' weighted biases added, NaN when a
+// slot's id is out of range; adds the same to the residual when there is one (its old value
+// `old`, from residual_old).
+template <int kRows>
+__device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int64_t row0, float (&acc)[kRows],
+                                            float old) {
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = warp_sum(acc[r]);
@@ -237,7 +247,7 @@ __device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int6
     sum += a.weights[t * a.weights_stride + j] * bias_at(a.down, e, row);
   }
   a.out[t * a.out_stride + row] = sum;
-  if (a.residual) a.residual[t * a.residual_stride + row] += sum;
+  if (a.residual) a.residual[t * a.residual_stride + row] = old + sum;
 }
 
 // Grid (ceil(n_embd / (kMoeWarps * kRows)), tokens). kFlat: the slots' rows walked as one
@@ -254,12 +264,17 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, 
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+  float old = 0.0f;
+  auto ready = [&] {
+    begin_chained_kernel();
+    old = residual_old<kRows>(a, t, row0);
+  };
   if constexpr (kFlat)
     segments_dot_q8_flat<Fmt, kRows, kMoeStages>(segs, int(a.n_used), int(a.n_ff / Fmt::kElems), stage[warp], acc,
-                                                  [] { begin_chained_kernel(); });
+                                                  ready);
   else
-    segments_dot_q8<Fmt, kRows>(segs, int(a.n_used), a.n_ff / 32, stage[warp], acc, [] { begin_chained_kernel(); });
-  finish_down<kRows>(a, t, row0, acc);
+    segments_dot_q8<Fmt, kRows>(segs, int(a.n_used), a.n_ff / 32, stage[warp], acc, ready);
+  finish_down<kRows>(a, t, row0, acc, old);
 }
 
 // ---- f32 activations (plain weights; exact mode) ------------------------------------------
@@ -304,12 +319,13 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_f32_kernel(MoeFfnArgs a,
   const int64_t t = blockIdx.y;
   if (row >= a.n_embd) return;
   float acc[1] = {0.0f};
+  const float old = residual_old<1>(a, t, row);  // an ordinary launch: everything before has finished
   for (int64_t j = 0; j < a.n_used; ++j) {
     const int e = expert_of(a, t, j);
     const float d = row_dot_f32<W>(expert_row(a.down, e, row), h + (t * a.n_used + j) * a.n_ff, a.n_ff);
     acc[0] = fmaf(a.weights[t * a.weights_stride + j], d, acc[0]);
   }
-  finish_down<1>(a, t, row, acc);
+  finish_down<1>(a, t, row, acc, old);
 }
 
 // ---- host side -------------------------------------------------------------------------------
