@@ -56,6 +56,9 @@ struct CudaOptions {
   // (matvec_grouped_glu.cu): the kernel's copy stages per warp (2 or 1), or 0: the glu as
   // its own kernel. KILN_CUDA_GLU_EPILOGUE_Q8=N (0..2) sets it.
   int int8_glu_epilogue = 2;
+  // q4_0 / q8_0 decode products read warp-interleaved twins of the weights, made at load
+  // (decode_layout.h; the weights are then held twice). KILN_CUDA_INTERLEAVED=1 sets it.
+  bool interleaved_decode = false;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -140,6 +143,9 @@ class CudaBackend final : public Backend {
   void* scratch(Scratch& s, size_t bytes);
   // Host -> device through the pinned staging buffer (weights: chunked, synchronous).
   void stage_upload(const void* host, void* dst, size_t bytes);
+  // With options_.interleaved_decode: the interleaved twin of an uploaded weight, where it can
+  // have one (decode_layout.h), registered until the backend is destroyed.
+  void make_twin(const Tensor& weight);
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
   // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp), one per
@@ -276,6 +282,7 @@ class CudaBackend final : public Backend {
   void* download_pinned_ = nullptr;
   uint64_t next_download_ = 1;
   std::vector<void*> device_allocations_;  // weights, retired scratch
+  std::vector<const void*> twinned_;       // weights with a registered twin
   size_t weight_bytes_ = 0;
   Scratch q8_scratch_, matmul_scratch_, glu_half_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;

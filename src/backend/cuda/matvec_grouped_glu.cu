@@ -42,8 +42,11 @@ struct GluProducts {
   int groups;  // of each row, at most 16
 };
 
+// kStages == 0: p.w are the interleaved twins (decode_layout.h; two rows a tile), each lane's
+// group loaded straight into registers, no copy stages.
 template <typename Fmt, int kStages>
-__global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
+__global__ void __launch_bounds__(kGroupedThreads,
+                                  kStages == 1 ? 3 : (kStages == 0 ? grouped_interleaved_min_blocks<Fmt>() : 0))
     matvec_glu_kernel(GluProducts p, F32Input in, PairEpilogue ep) {
   constexpr int kG = group_bytes<Fmt>();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -79,9 +82,30 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
     cp_async_commit();
   };
 
+  // Interleaved mode: item i's group of this lane (its row of gate or up) into g.
+  constexpr bool kTwin = kStages == 0;
+  constexpr int kWords = Fmt::kGroupBytes / 16;
+  uint32_t g[kTwin ? group_words<Fmt>() : 1];
+  auto load_item = [&](int i) {
+    if constexpr (kTwin) {
+      if (i >= items || li >= p.groups) return;
+      const int64_t row = int64_t(h_block_of(i)) * kGluBlockValues + value_of(i);
+      const uint4* tile = reinterpret_cast<const uint4*>(p.w[slot] + (row & ~int64_t(1)) * p.w_row_bytes) +
+                          int((row & 1) * p.groups) + li;
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) {
+        const uint4 v = __ldcs(tile + k * 2 * p.groups);  // read once a step
+        g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
+      }
+    }
+  };
+
   // As matvec_grouped_kernel over f32 x: this warp's first rows and the norm weights before
   // the wait, then x normalized and quantized into shared memory by the whole block.
-  issue(0);
+  if constexpr (kTwin)
+    load_item(0);
+  else
+    issue(0);
   float4 norm_w[kPairF32Steps];
   load_norm_weights<kPairF32Steps>(in, p.groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
@@ -91,18 +115,27 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
   __syncthreads();
 
   for (int i = 0; i < items; ++i) {
-    if constexpr (kStages > 1) issue(i + 1);
-    cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
-    __syncwarp();                  // ... and every lane's
     float acc = 0.0f;
-    if (li < p.groups) {
-      const uint8_t* stage = my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kGluLanesPerRow * kG;
-      const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
-      const float4* dg = reinterpret_cast<const float4*>(ds_s + li * kDsGroupBytes);
-      accumulate_group<Fmt>(stage + li * kG, xg, dg, acc);
+    if constexpr (kTwin) {
+      if (li < p.groups) {
+        const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
+        const float4* dg = reinterpret_cast<const float4*>(ds_s + li * kDsGroupBytes);
+        accumulate_group_words<Fmt>(g, xg, dg, acc);
+      }
+      load_item(i + 1);  // into the registers just read
+    } else {
+      if constexpr (kStages > 1) issue(i + 1);
+      cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
+      __syncwarp();                  // ... and every lane's
+      if (li < p.groups) {
+        const uint8_t* stage = my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kGluLanesPerRow * kG;
+        const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
+        const float4* dg = reinterpret_cast<const float4*>(ds_s + li * kDsGroupBytes);
+        accumulate_group<Fmt>(stage + li * kG, xg, dg, acc);
+      }
+      __syncwarp();  // the stage is refilled by the next issue
+      if constexpr (kStages == 1) issue(i + 1);
     }
-    __syncwarp();  // the stage is refilled by the next issue
-    if constexpr (kStages == 1) issue(i + 1);
     float v = acc;  // the pair kernel's butterfly over a row's 16 lanes
 #pragma unroll
     for (int off = kGluLanesPerRow / 2; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
@@ -154,8 +187,32 @@ Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpi
   return launch_status(kStages == 1 ? "matvec_glu_kernel (one stage)" : "matvec_glu_kernel");
 }
 
+// The interleaved mode, where gate and up both have twins: every resident block, with the
+// h-blocks spread evenly (rounds = the fewest that cover them).
+template <typename Fmt>
+Status launch_glu_twins(GluProducts p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  constexpr auto kernel = matvec_glu_kernel<Fmt, 0>;
+  const size_t smem = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, 0);
+  int blocks_per_sm = 0, sms = 0;
+  if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
+  const int h_blocks = p.rows / kGluBlockValues, resident = blocks_per_sm * sms;
+  const int rounds = (h_blocks + resident - 1) / resident;
+  launch_chained(kernel, (h_blocks + rounds - 1) / rounds, kGroupedThreads, smem, stream, p, in, ep);
+  return launch_status("matvec_glu_kernel (interleaved)");
+}
+
 template <typename Fmt>
 Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  if constexpr (grouped_interleaved_fit<Fmt, Fmt>()) {
+    const size_t span = size_t(p.rows) * size_t(p.w_row_bytes), tile = 2 * size_t(p.w_row_bytes);
+    const uint8_t* gate = twin_of(p.w[0], span, tile);
+    const uint8_t* up = twin_of(p.w[1], span, tile);
+    if (gate && up && interleave_lanes(p.groups) == kGluLanesPerRow && p.w_row_bytes == p.groups * Fmt::kGroupBytes) {
+      GluProducts twins = p;
+      twins.w[0] = gate, twins.w[1] = up;
+      return launch_glu_twins<Fmt>(twins, in, ep, stream);
+    }
+  }
   if (ep.glu.stages == 1) return launch_glu_stages<Fmt, 1>(p, in, ep, stream);
   return launch_glu_stages<Fmt, 2>(p, in, ep, stream);
 }

@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/decode_layout.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/matvec_segments.cuh"
@@ -210,9 +211,8 @@ struct SecondFormat {
 // One lane's group (its bytes at `group` in the stage) dotted with the group's int8 x and
 // scales in shared memory, added to acc.
 template <typename Fmt>
-__device__ __forceinline__ void accumulate_group(const uint8_t* group, const int4* xg, const float4* dg, float& acc) {
-  uint32_t g[group_words<Fmt>()];
-  load_group<Fmt>(group, g);
+__device__ __forceinline__ void accumulate_group_words(const uint32_t (&g)[group_words<Fmt>()], const int4* xg,
+                                                       const float4* dg, float& acc) {
 #pragma unroll
   for (int j = 0; j < kGroupBlocks; j += 2) {
     const float4 d2 = dg[j / 2];
@@ -223,6 +223,26 @@ __device__ __forceinline__ void accumulate_group(const uint8_t* group, const int
       acc += Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w));
     }
   }
+}
+template <typename Fmt>
+__device__ __forceinline__ void accumulate_group(const uint8_t* group, const int4* xg, const float4* dg, float& acc) {
+  uint32_t g[group_words<Fmt>()];
+  load_group<Fmt>(group, g);
+  accumulate_group_words<Fmt>(g, xg, dg, acc);
+}
+
+// The interleaved mode of the kernel below (kStages == 0): the weights are the twins of
+// decode_layout.h, so a lane loads its group with coalesced 16-byte loads straight into
+// registers, and the blocks hold no copy stages (only x) in shared memory. q4_0 / q8_0 only.
+template <typename Fmt, typename FmtB>
+constexpr bool grouped_interleaved_fit() {
+  return std::is_same_v<Fmt, FmtB> && (std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ8_0>);
+}
+// Resident blocks it asks the compiler for (its register budget): q4_0's group is 36 words,
+// q8_0's 68.
+template <typename Fmt>
+constexpr int grouped_interleaved_min_blocks() {
+  return Fmt::kGroupBytes <= 144 ? 3 : 2;
 }
 
 // f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
@@ -298,7 +318,8 @@ __device__ inline void quantize_input_to_shared(const F32Input& in, int cols, ui
 // q4_K whatever the other format). Rows of one part take one branch; a warp diverges only on
 // a task that straddles two parts of different formats.
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages>
-__global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
+__global__ void __launch_bounds__(kGroupedThreads,
+                                  kStages == 1 ? 3 : (kStages == 0 ? grouped_interleaved_min_blocks<Fmt>() : 0))
     matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, SecondFormat second, int rows, int groups,
                           const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
                           PairEpilogue ep) {
@@ -351,10 +372,40 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
     cp_async_commit();
   };
 
+  // Interleaved mode: item i's group of this lane from the twin into g (nothing where the
+  // lane has none). The parts start at whole tiles (launch_grouped checks), so a task's rows
+  // are one tile's slots.
+  constexpr bool kTwin = kStages == 0;
+  static_assert(!kTwin || grouped_interleaved_fit<Fmt, FmtB>());
+  constexpr int kWords = Fmt::kGroupBytes / 16;  // 16-byte words a group
+  uint32_t g[kTwin ? group_words<Fmt>() : 1];
+  auto load_item = [&](int i) {
+    if constexpr (kTwin) {
+      if (i >= items) return;
+      const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
+      const int group = chunk * kLanesPerRow + li, row = first_row_of(task) + slot;
+      if (group >= groups || row >= rows) return;
+      int part, local;
+      seg.locate(row, part, local);
+      const int chunk_groups = min(kLanesPerRow, groups - chunk * kLanesPerRow);
+      const uint4* tile = reinterpret_cast<const uint4*>(GroupedSegments::pick(seg.w, part) +
+                                                         int64_t(local - slot) * w_row_bytes) +
+                          int64_t(chunk) * kSlots * kLanesPerRow * kWords + slot * chunk_groups + li;
+#pragma unroll
+      for (int k = 0; k < kWords; ++k) {
+        const uint4 v = __ldcs(tile + k * kSlots * chunk_groups);  // read once a step
+        g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
+      }
+    }
+  };
+
   // This warp's first chunk of weights and its norm weights (no kernel of the step writes
   // them), then x, which the kernels before produce, into shared memory, padded per group
   // (all threads).
-  issue(0);
+  if constexpr (kTwin)
+    load_item(0);
+  else
+    issue(0);
   constexpr int kSteps = kLanesPerRow <= 16 ? kPairF32Steps : kF32Steps;  // <= 16 groups: see dispatch_grouped
   float4 norm_w[kFromF32 ? kSteps : 1];
   if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
@@ -394,20 +445,29 @@ __global__ void __launch_bounds__(kGroupedThreads, kStages == 1 ? 3 : 0)
       const float* target = GroupedSegments::pick(seg.acc, part);
       if (target && target != GroupedSegments::pick(seg.y, part)) accumulate_old = target[local];
     }
-    cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
-    __syncwarp();                  // ... and every lane's
-    if (group < groups && row < rows) {
-      const uint8_t* stage =  // this row's groups
-          my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kLanesPerRow * kG;
-      const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
-      const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
-      if (kTwoFormats && second.has(seg.part_of(row)))
-        accumulate_group<FmtB>(stage + li * group_bytes<FmtB>(), xg, dg, acc);
-      else
-        accumulate_group<Fmt>(stage + li * group_bytes<Fmt>(), xg, dg, acc);
+    if constexpr (kTwin) {
+      if (group < groups && row < rows) {
+        const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
+        const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
+        accumulate_group_words<Fmt>(g, xg, dg, acc);
+      }
+      load_item(i + 1);  // into the registers just read
+    } else {
+      cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
+      __syncwarp();                  // ... and every lane's
+      if (group < groups && row < rows) {
+        const uint8_t* stage =  // this row's groups
+            my_stages + size_t(i & (kStages - 1)) * kWarpSize * kG + slot * kLanesPerRow * kG;
+        const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
+        const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
+        if (kTwoFormats && second.has(seg.part_of(row)))
+          accumulate_group<FmtB>(stage + li * group_bytes<FmtB>(), xg, dg, acc);
+        else
+          accumulate_group<Fmt>(stage + li * group_bytes<Fmt>(), xg, dg, acc);
+      }
+      __syncwarp();  // the stage is refilled by the next issue
+      if constexpr (kStages == 1) issue(i + 1);  // one stage: only once it is free (not taken by launch_grouped)
     }
-    __syncwarp();  // the stage is refilled by the next issue
-    if constexpr (kStages == 1) issue(i + 1);  // one stage: only once it is free (not taken by launch_grouped)
     if (chunk == chunks - 1) {
       float v = acc;
 #pragma unroll
@@ -472,6 +532,24 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 constexpr int64_t kOneStageMaxCols = 2048;
 int grouped_one_stage_mode();
 
+// seg with every part's weights replaced by their interleaved twins (decode_layout.h), when
+// every part lies in one twinned matrix and starts at a whole tile of its rows (kSlots rows);
+// false (twins untouched) otherwise.
+template <int kSlots>
+bool twin_segments(const GroupedSegments& seg, int64_t total_rows, int64_t w_row_bytes, GroupedSegments& twins) {
+  int64_t first = 0;
+  for (int i = 0; i < kMaxMatvecParts && first < total_rows; ++i) {
+    const int64_t end = std::min<int64_t>(seg.end[i], total_rows);
+    if ((end - first) % kSlots != 0) return false;  // the next part would start inside a tile
+    const uint8_t* twin =
+        twin_of(seg.w[i], size_t(end - first) * size_t(w_row_bytes), size_t(kSlots) * size_t(w_row_bytes));
+    if (!twin) return false;
+    twins.w[i] = twin;
+    first = end;
+  }
+  return true;
+}
+
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
 Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
                       const SecondFormat& second, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
@@ -480,6 +558,19 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   int blocks_per_sm = 0, sms = 0;
+  if constexpr (grouped_interleaved_fit<Fmt, FmtB>() && kLanesPerRow != 8) {  // see interleave_lanes
+    GroupedSegments twins = seg;
+    if (interleave_lanes(cols / kGroupElems) == kLanesPerRow && w_row_bytes == cols / kGroupElems * Fmt::kGroupBytes &&
+        twin_segments<kSlots>(seg, total_rows, w_row_bytes, twins)) {
+      constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0>;
+      const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
+      if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
+      const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
+      launch_chained(kernel, grid, kGroupedThreads, smem, stream, twins, w_row_bytes, second, int(total_rows),
+                     int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
+      return launch_status("matvec_grouped_kernel (interleaved)");
+    }
+  }
   // Rows of one chunk are one item a task: where every task fits a warp of the one-stage
   // kernel's resident blocks, each warp has a single item.
   if constexpr (kLanesPerRow <= 16) {

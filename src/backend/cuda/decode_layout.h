@@ -1,0 +1,48 @@
+#pragma once
+// A warp-interleaved twin of q4_0 / q8_0 weights for the int8 decode products.
+//
+// The grouped decode kernel (matvec_grouped_kernel.cuh) gives each lane one group of 8 blocks
+// (256 weights: 144 bytes of q4_0, 272 of q8_0) of a row per item. In the GGUF block layout a
+// lane's group is contiguous, so a warp can only read its groups coalesced by copying them
+// through shared memory (the kernel's copy stages). The twin holds the same bytes permuted so
+// that a warp's 16-byte load k brings word k of every lane's group from consecutive
+// addresses: the lanes load their groups straight into registers, coalesced.
+//
+// Layout (16-byte words; W = 9 or 17 words a group, L lanes a row: 16 for rows of at most 16
+// groups, two rows a tile, else 32, one row a tile; S = 32 / L rows a tile): the rows' bytes
+// stay where they were by row blocks of S rows; within a row block, chunk c (groups
+// c*L .. c*L + G - 1, G = min(L, groups - c*L)) starts at word c*S*L*W, and word k of the group
+// of row slot s, chunk lane li is at k*S*G + s*G + li. A permutation within each row block:
+// the twin has the original's size, so weights loaded side by side keep their offsets.
+//
+// Twins are made at load (CudaOptions::interleaved_decode, off by default while measured)
+// and found by address (twin_of): the launch code sees only the original's pointer.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/status.h"
+#include "quant/types.h"
+
+namespace kiln::cuda {
+
+// Lanes a row of `groups` groups of 256 weights takes (as the kernel's dispatch for the
+// two-stage path: 16 for at most 16 groups, else 32; the eight-lane rows are not covered).
+inline int interleave_lanes(int64_t groups) { return groups <= 16 ? 16 : 32; }
+
+// Whether a rows x cols matrix of `type` can have a twin.
+bool interleavable(GgmlType type, int64_t rows, int64_t cols);
+
+// dst (as many bytes as src, device memory) = the twin of src's rows x cols weights.
+Status interleave_weights(GgmlType type, const void* src, void* dst, int64_t rows, int64_t cols,
+                          cudaStream_t stream);
+
+// The twin registry, one entry a matrix: twin_of(p, span, tile_bytes) is the same offset into
+// the twin of the registered matrix that holds [p, p + span), when p is a whole number of
+// tiles (tile_bytes: a tile's rows) from the matrix's start; else null.
+void register_twin(const void* base, size_t bytes, const void* twin);
+void unregister_twin(const void* base);
+const uint8_t* twin_of(const void* p, size_t span, size_t tile_bytes);
+
+}  // namespace kiln::cuda
