@@ -15,8 +15,11 @@
 // of row slot s, chunk lane li is at k*S*G + s*G + li. A permutation within each row block:
 // the twin has the original's size, so weights loaded side by side keep their offsets.
 //
-// Twins are made at load (CudaOptions::interleaved_decode, off by default while measured)
-// and found by address (twin_of): the launch code sees only the original's pointer.
+// Twins are made at load (CudaOptions::interleaved_decode, KILN_CUDA_INTERLEAVED=1) and found
+// by address (twin_of): the launch code sees only the original's pointer. Off by default: the
+// originals stay (prefill's tiles and get_rows read them), so the weights are held twice, for
+// +3.6% Llama-3-8B Q8_0 decode and +0.6% Q4_0 (docs/perf-notes.md, round 13). Prefill reading
+// the twins would let the originals go.
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
