@@ -63,6 +63,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.cuh"
+#include "cuda_replay_timing.h"
 
 namespace {
 
@@ -81,12 +82,7 @@ constexpr int kConsumerBarrier = 1;                // named barrier of the consu
 constexpr unsigned kUnlikely = 0x9e3779b9u;        // a fold equal to this is written to the sink
 constexpr unsigned long long kPatienceNs = 10'000'000'000ull;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s: %s\n", kProgram, what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+void check(cudaError_t e, const char* what) { kiln::bench::exit_on_cuda_error(kProgram, e, what); }
 
 struct Preset {
   const char* name;
@@ -639,39 +635,6 @@ struct Row {
   std::function<cudaError_t(cudaStream_t)> launch;
 };
 
-// Median microseconds of one replay of `enqueue`, captured as a graph when the runtime allows
-// it (as_graph = true), else launched directly between the events.
-double median_replay_us(cudaStream_t s, const std::function<cudaError_t()>& enqueue, int replays, bool& as_graph) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-  const cudaError_t captured = enqueue();
-  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
-  as_graph = captured == cudaSuccess && ended == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-  if (!as_graph) (void)cudaGetLastError();  // a failed capture leaves no sticky error
-  const auto replay = [&] { return as_graph ? cudaGraphLaunch(exec, s) : enqueue(); };
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  for (int i = 0; i < 3; ++i) check(replay(), "warm-up replay");
-  std::vector<float> ms;
-  for (int i = 0; i < replays; ++i) {
-    check(cudaEventRecord(start, s), "event record");
-    check(replay(), "replay");
-    check(cudaEventRecord(stop, s), "event record");
-    check(cudaEventSynchronize(stop), "replay finished (a trap here: a wait timed out)");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start, stop), "elapsed");
-    ms.push_back(t);
-  }
-  check(cudaEventDestroy(start), "event");
-  check(cudaEventDestroy(stop), "event");
-  if (exec) check(cudaGraphExecDestroy(exec), "graph exec destroy");
-  if (graph) check(cudaGraphDestroy(graph), "graph destroy");
-  std::sort(ms.begin(), ms.end());
-  return 1000.0 * ms[ms.size() / 2];
-}
-
 int occupancy(const void* kernel, int threads, size_t shared_bytes) {
   int n = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, shared_bytes), "occupancy");
@@ -860,7 +823,7 @@ int main(int argc, char** argv) {
         return row.launch(stream);
       };
       bool as_graph = false;
-      const double us = median_replay_us(stream, enqueue, opt.replays, as_graph);
+      const double us = kiln::bench::median_replay_us(kProgram, stream, enqueue, opt.replays, as_graph);
       const char* verdict = "-";
       if (row.handoff) {
         // The last replay's values: row (phases & 1) was written by the last phase.

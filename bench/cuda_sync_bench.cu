@@ -29,6 +29,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/launch.cuh"
+#include "cuda_replay_timing.h"
 
 namespace {
 
@@ -43,12 +44,9 @@ constexpr int kReplays = 200;
 constexpr size_t kWindowBytes = size_t(30) << 20;  // read per phase by the "+stream" rows
 constexpr int kWindows = 34;                       // 34 x 30 MB rotate over ~1 GB: cold in L2
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "bench_cuda_sync_bench: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+constexpr const char* kProgram = "bench_cuda_sync_bench";
+
+void check(cudaError_t e, const char* what) { kiln::bench::exit_on_cuda_error(kProgram, e, what); }
 
 enum class Sync { kNone, kCounter, kGroups, kGridSync };
 
@@ -205,39 +203,6 @@ int resident_blocks_per_sm() {
   return n;
 }
 
-// Median microseconds of one replay of `enqueue`: captured as a graph when the runtime
-// allows it (as_graph = true), else launched directly between the events.
-double median_replay_us(cudaStream_t s, const std::function<cudaError_t()>& enqueue, bool& as_graph) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-  const cudaError_t captured = enqueue();
-  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
-  as_graph = captured == cudaSuccess && ended == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-  if (!as_graph) (void)cudaGetLastError();  // the failed capture leaves no sticky error
-  const auto replay = [&] { return as_graph ? cudaGraphLaunch(exec, s) : enqueue(); };
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  for (int i = 0; i < 3; ++i) check(replay(), "warm-up replay");
-  std::vector<float> ms;
-  for (int i = 0; i < kReplays; ++i) {
-    check(cudaEventRecord(start, s), "event record");
-    check(replay(), "replay");
-    check(cudaEventRecord(stop, s), "event record");
-    check(cudaEventSynchronize(stop), "replay finished");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start, stop), "elapsed");
-    ms.push_back(t);
-  }
-  check(cudaEventDestroy(start), "event");
-  check(cudaEventDestroy(stop), "event");
-  if (exec) check(cudaGraphExecDestroy(exec), "graph exec destroy");
-  if (graph) check(cudaGraphDestroy(graph), "graph destroy");
-  std::sort(ms.begin(), ms.end());
-  return 1000.0 * ms[ms.size() / 2];
-}
-
 // Times `row` at `phases` phases and checks that the last phase left every value at `phases`.
 double time_row(cudaStream_t s, const Row& row, PhaseArgs a, int phases, bool& as_graph) {
   a.blocks = row.blocks;
@@ -249,7 +214,7 @@ double time_row(cudaStream_t s, const Row& row, PhaseArgs a, int phases, bool& a
     if (const cudaError_t e = cudaMemsetAsync(a.counters, 0, counter_bytes, s); e != cudaSuccess) return e;
     return row.launch(s, a);
   };
-  const double us = median_replay_us(s, enqueue, as_graph);
+  const double us = kiln::bench::median_replay_us(kProgram, s, enqueue, kReplays, as_graph);
   if (row.checked) {
     std::vector<float> got(row.blocks);
     check(cudaMemcpy(got.data(), a.values + (phases & 1) * row.blocks, sizeof(float) * row.blocks, cudaMemcpyDeviceToHost),
