@@ -1,6 +1,7 @@
 #pragma once
-// Timing shared by the standalone GPU benchmark programs (bench/cuda_*.cu): a piece of GPU
-// work captured once as a CUDA graph and replayed between events, median of the replays.
+// What the standalone GPU benchmark programs (bench/cuda_*.cu) share: a piece of GPU work
+// captured once as a CUDA graph and timed over replays, and the global-memory counter
+// primitives of their barriers between thread blocks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -53,6 +54,17 @@ inline double median_replay_us(const char* program, cudaStream_t s, const std::f
   if (graph) check(cudaGraphDestroy(graph), "graph destroy");
   std::sort(ms.begin(), ms.end());
   return 1000.0 * ms[ms.size() / 2];
+}
+
+// A counter read with acquire order at GPU scope (a barrier's wait)...
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// ... and added to with release order (a block's arrival, after its writes).
+__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 }  // namespace kiln::bench

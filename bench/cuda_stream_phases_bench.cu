@@ -69,6 +69,8 @@ namespace {
 
 using namespace kiln::cuda;
 using namespace kiln::cuda::detail;
+using kiln::bench::add_release;
+using kiln::bench::load_acquire;
 
 constexpr const char* kProgram = "bench_cuda_stream_phases_bench";
 constexpr int kKinds = 5;                          // phases per layer
@@ -428,14 +430,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 }
 __device__ __forceinline__ void consumer_barrier() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kConsumerBarrier), "n"(kThreads) : "memory");
-}
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 struct PersistentArgs {

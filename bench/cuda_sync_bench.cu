@@ -35,6 +35,8 @@ namespace {
 
 using namespace kiln::cuda;
 using namespace kiln::cuda::detail;
+using kiln::bench::add_release;
+using kiln::bench::load_acquire;
 
 constexpr int kThreads = 256;
 constexpr int kGroups = 8;             // producer groups of the partial-dependency rows
@@ -61,14 +63,6 @@ struct PhaseArgs {
   unsigned* sink;      // keeps the streamed sums alive
 };
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 
 __host__ __device__ int group_of(int block) { return block % kGroups; }
 __host__ __device__ int group_size(int group, int blocks) {
