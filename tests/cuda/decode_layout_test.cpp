@@ -1,5 +1,5 @@
 // The interleaved twins of q4_0 / q8_0 decode weights (backend/cuda/decode_layout.h): the
-// grouped products read from a registered twin give the bits they give from the original
+// grouped products (and the int8 glu kernel) read from a registered twin give the bits they give from the original
 // (the same groups, dotted and summed in the same order), the twin is what they read (the
 // original zeroed afterwards changes nothing), and the registry finds twins only for whole
 // tiles inside a registered matrix.
@@ -8,6 +8,7 @@
 #include "backend/cuda/decode_layout.h"
 #include "backend/cuda/matvec.h"
 #include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/ops.h"
 #include "cuda_test_support.h"
 #include "quant/quant.h"
 
@@ -128,6 +129,65 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{GgmlType::Q4_0, 3840, {18, 6}, false},       // 15 groups a row
                       LayoutCase{GgmlType::Q4_0, 4352, {9}, false},           // 17 groups: 32 lanes, one chunk
                       LayoutCase{GgmlType::Q8_0, 2816, {40}, true}));         // 11 groups
+
+// gate / up with the glu in the epilogue (the int8 glu kernel, matvec_grouped_glu.cu): from the
+// twins, gate, up, the activation and its int8 copy are the original's bits, and stay so with
+// the originals zeroed. Llama-3-8B's width, 96 rows (3 h-blocks), the norm inside.
+TEST(DecodeLayoutGlu, TwinGivesTheSameBits) {
+  KILN_REQUIRE_GPU();
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+    SCOPED_TRACE(type_name(type));
+    constexpr int64_t K = 4096, N = 96;
+    const int64_t w_row = K / traits(type).block_size * traits(type).type_size;
+    const int64_t q8_row = ((N + 15) / 16 * 16 + N / 32 * 8 + 255) / 256 * 256;  // values, then scales
+    std::mt19937_64 rng(uint64_t(type) * 7 + 1);
+    DeviceBuffer w_d[2], twin_d[2];
+    for (int s = 0; s < 2; ++s) {
+      w_d[s] = to_device(random_rows(rng, type, N, K, w_row));
+      twin_d[s] = DeviceBuffer(size_t(N * w_row));
+      KILN_STATUS_OK(interleave_weights(type, w_d[s].as(), twin_d[s].as(), N, K, nullptr));
+    }
+    const DeviceBuffer x_d = to_device(random_floats(rng, size_t(K), -1.5f, 1.5f)),
+                       norm_d = to_device(random_floats(rng, size_t(K), 0.5f, 1.5f));
+
+    auto run = [&](std::vector<float>& out, std::vector<uint8_t>& q8) {
+      DeviceBuffer gate_d{size_t(N) * 4}, up_d{size_t(N) * 4}, act_d{size_t(N) * 4}, q8_d{size_t(q8_row)};
+      gate_d.poison(), up_d.poison(), act_d.poison(), q8_d.poison();
+      MatvecPart parts[2];
+      parts[0].w = w_d[0].as(), parts[0].rows = N, parts[0].y = gate_d.as<float>();
+      parts[1].w = w_d[1].as(), parts[1].rows = N, parts[1].y = up_d.as<float>();
+      F32Input in;
+      in.x = x_d.as<float>(), in.norm_weight = norm_d.as<float>(), in.eps = 1e-5f;
+      PairEpilogue ep;
+      ep.kind = PairEpilogueKind::Glu, ep.token = 0;
+      ep.glu.kind = GluKind::Silu, ep.glu.out = act_d.as<float>(), ep.glu.out_stride = N, ep.glu.stages = 2;
+      ep.glu.q8 = q8_d.as<uint8_t>(), ep.glu.q8_row_bytes = q8_row;
+      ASSERT_TRUE(matvec_pairs_fit(K, parts, ep));
+      KILN_STATUS_OK(matvec_f32_parts(type, K, w_row, parts, in, nullptr, ep));
+      KILN_CUDA_OK(cudaDeviceSynchronize());
+      out = to_host<float>(gate_d, size_t(N));
+      for (const DeviceBuffer* b : {&up_d, &act_d}) {
+        const std::vector<float> more = to_host<float>(*b, size_t(N));
+        out.insert(out.end(), more.begin(), more.end());
+      }
+      q8 = to_host<uint8_t>(q8_d, size_t(q8_row));
+    };
+
+    std::vector<float> plain, twin, zeroed;
+    std::vector<uint8_t> plain_q8, twin_q8, zeroed_q8;
+    run(plain, plain_q8);
+    for (int s = 0; s < 2; ++s) register_twin(w_d[s].as(), size_t(N * w_row), twin_d[s].as());
+    run(twin, twin_q8);
+    for (int s = 0; s < 2; ++s) KILN_CUDA_OK(cudaMemset(w_d[s].as(), 0, w_d[s].bytes()));
+    run(zeroed, zeroed_q8);
+    for (int s = 0; s < 2; ++s) unregister_twin(w_d[s].as());
+
+    EXPECT_TRUE(all_equal_bits(plain, twin, "gate, up, activation: twin vs original"));
+    EXPECT_TRUE(all_equal_bits(plain, zeroed, "gate, up, activation: twin with the originals zeroed"));
+    EXPECT_TRUE(plain_q8 == twin_q8) << "the activation's int8 copy differs (twin vs original)";
+    EXPECT_TRUE(plain_q8 == zeroed_q8) << "the activation's int8 copy differs (originals zeroed)";
+  }
+}
 
 }  // namespace
 }  // namespace kiln::cuda

@@ -2,8 +2,8 @@
 // kernel and the registry that finds a twin by the original's address.
 #include "backend/cuda/decode_layout.h"
 
+#include <map>
 #include <mutex>
-#include <vector>
 
 #include "backend/cuda/common.cuh"
 
@@ -36,13 +36,13 @@ __global__ void interleave_kernel(const uint4* __restrict__ src, uint4* __restri
   }
 }
 
+// Registered matrices by their first byte: [base, base + bytes) and the twin's first byte.
 struct Twin {
-  const uint8_t* base;
   size_t bytes;
   const uint8_t* twin;
 };
 std::mutex g_twins_mutex;
-std::vector<Twin> g_twins;
+std::map<const uint8_t*, Twin> g_twins;
 
 }  // namespace
 
@@ -65,22 +65,23 @@ Status interleave_weights(GgmlType type, const void* src, void* dst, int64_t row
 
 void register_twin(const void* base, size_t bytes, const void* twin) {
   std::lock_guard lock(g_twins_mutex);
-  g_twins.push_back({static_cast<const uint8_t*>(base), bytes, static_cast<const uint8_t*>(twin)});
+  g_twins[static_cast<const uint8_t*>(base)] = {bytes, static_cast<const uint8_t*>(twin)};
 }
 
 void unregister_twin(const void* base) {
   std::lock_guard lock(g_twins_mutex);
-  std::erase_if(g_twins, [&](const Twin& t) { return t.base == base; });
+  g_twins.erase(static_cast<const uint8_t*>(base));
 }
 
 const uint8_t* twin_of(const void* p, size_t span, size_t tile_bytes) {
   const auto* q = static_cast<const uint8_t*>(p);
   std::lock_guard lock(g_twins_mutex);
-  for (const Twin& t : g_twins) {
-    if (q < t.base || q + span > t.base + t.bytes) continue;
-    return size_t(q - t.base) % tile_bytes == 0 ? t.twin + (q - t.base) : nullptr;
-  }
-  return nullptr;
+  auto it = g_twins.upper_bound(q);  // the first matrix starting after q; the one before may hold it
+  if (it == g_twins.begin()) return nullptr;
+  --it;
+  const uint8_t* base = it->first;
+  if (q + span > base + it->second.bytes || size_t(q - base) % tile_bytes != 0) return nullptr;
+  return it->second.twin + (q - base);
 }
 
 }  // namespace kiln::cuda
