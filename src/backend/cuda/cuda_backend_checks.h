@@ -73,12 +73,17 @@ inline void same_shape(const Tensor& a, const Tensor& b, const char* op) {
              a.describe(), b.name, b.describe());
 }
 
+// A tensor's part of an op's signature: its type, data pointer, shape and strides.
+inline void hash_tensor(SignatureHash& h, const Tensor& x) {
+  h.pod(x.dtype), h.pod(x.data), h.bytes(x.ne, sizeof(x.ne)), h.bytes(x.nb, sizeof(x.nb));
+}
+
 // Signature of an op: its name and every tensor and scalar it was called with.
 struct Sig {
   SignatureHash h;
   explicit Sig(Op op) { h.pod(op); }
   Sig& t(const Tensor& x) {
-    h.pod(x.dtype), h.pod(x.data), h.bytes(x.ne, sizeof(x.ne)), h.bytes(x.nb, sizeof(x.nb));
+    hash_tensor(h, x);
     return *this;
   }
   template <typename T>

@@ -18,6 +18,7 @@
 #include <array>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_checks.h"
 #include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/rope_store.h"
@@ -30,9 +31,7 @@ constexpr int64_t kMaxTokens = 8;  // as cuda_backend_ops.cpp's kMatvecMaxTokens
 
 size_t q8_row_bytes(int64_t cols) { return (cuda::matvec_scratch_bytes(GgmlType::Q4_0, cols) + 255) / 256 * 256; }
 
-void hash_tensor(cuda::SignatureHash& h, const Tensor& x) {
-  h.pod(x.dtype), h.pod(x.data), h.bytes(x.ne, sizeof(x.ne)), h.bytes(x.nb, sizeof(x.nb));
-}
+using cuda_ops::hash_tensor;
 
 bool packed_f32(const Tensor& t) {
   return !t.empty() && t.dtype == GgmlType::F32 && t.nb[0] == sizeof(float) && t.device == Device::Cuda &&

@@ -2,36 +2,14 @@
 // rule, gated RMS norm and the sigmoid gate. Checks as the CPU backend's; kernels in
 // ops_sequence.cu and ops_rows.cu.
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend_checks.h"
 #include "backend/cuda/ops_extra.h"
 
 namespace kiln {
 
-namespace cuda_hybrid {
-
-void require_f32(const Tensor& t, const char* op, const char* what) {
-  KILN_CHECK(!t.empty(), "cuda {}: {} is missing", op, what);
-  KILN_CHECK(t.dtype == GgmlType::F32 && t.nb[0] == sizeof(float), "cuda {}: {} ({} {}) must be f32 with packed rows",
-             op, what, t.name, t.describe());
-  KILN_CHECK(t.device == Device::Cuda, "cuda {}: {} ({}) is not in device memory", op, what, t.name);
-}
-
-cuda::RowLayout layout_of(const Tensor& t) {
-  cuda::RowLayout l;
-  l.base = static_cast<float*>(t.data);
-  l.ne1 = t.ne[1], l.ne2 = t.ne[2];
-  l.s1 = int64_t(t.nb[1] / 4), l.s2 = int64_t(t.nb[2] / 4), l.s3 = int64_t(t.nb[3] / 4);
-  return l;
-}
-
-void hash_tensor(cuda::SignatureHash& h, const Tensor& x) {
-  h.pod(x.dtype), h.pod(x.data), h.bytes(x.ne, sizeof(x.ne)), h.bytes(x.nb, sizeof(x.nb));
-}
-
-}  // namespace cuda_hybrid
-
-using cuda_hybrid::hash_tensor;
-using cuda_hybrid::layout_of;
-using cuda_hybrid::require_f32;
+using cuda_ops::hash_tensor;
+using cuda_ops::layout_of;
+using cuda_ops::require_f32;
 
 void CudaBackend::causal_conv_silu(const Tensor& x, const Tensor& weight, Tensor& state, const BatchIndex& batch,
                                    Tensor& out) {

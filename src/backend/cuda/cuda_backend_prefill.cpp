@@ -43,9 +43,7 @@ bool packed_rows(const Tensor& t) {
          t.ne[2] == 1 && t.ne[3] == 1;
 }
 
-void hash_tensor(cuda::SignatureHash& h, const Tensor& x) {
-  h.pod(x.dtype), h.pod(x.data), h.bytes(x.ne, sizeof(x.ne)), h.bytes(x.nb, sizeof(x.nb));
-}
+using cuda_ops::hash_tensor;
 
 }  // namespace cuda_prefill
 
