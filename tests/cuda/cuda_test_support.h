@@ -89,6 +89,10 @@ std::vector<T> to_host(const DeviceBuffer& b, size_t count) {
   return host;
 }
 
+// The bytes of one token's row of an activation's int8 copy, as the backend sizes it (the
+// values, then 16-byte aligned scales), rounded to 256.
+inline int64_t q8_row_bytes(int64_t n) { return ((n + 15) / 16 * 16 + n / 32 * 8 + 255) / 256 * 256; }
+
 inline std::vector<float> random_floats(std::mt19937_64& rng, size_t n, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);

@@ -139,7 +139,7 @@ TEST(DecodeLayoutGlu, TwinGivesTheSameBits) {
     SCOPED_TRACE(type_name(type));
     constexpr int64_t K = 4096, N = 96;
     const int64_t w_row = K / traits(type).block_size * traits(type).type_size;
-    const int64_t q8_row = ((N + 15) / 16 * 16 + N / 32 * 8 + 255) / 256 * 256;  // values, then scales
+    const int64_t q8_row = q8_row_bytes(N);
     std::mt19937_64 rng(uint64_t(type) * 7 + 1);
     DeviceBuffer w_d[2], twin_d[2];
     for (int s = 0; s < 2; ++s) {

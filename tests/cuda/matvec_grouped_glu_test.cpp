@@ -47,9 +47,6 @@ constexpr float kEps = 1e-5f, kAlpha = 1.702f, kLimit = 0.4f;  // a limit the pr
 
 int64_t row_bytes_of(GgmlType type, int64_t cols) { return cols / traits(type).block_size * traits(type).type_size; }
 
-// The int8 copy's bytes per token row, as the backend sizes it (values, then 16-byte aligned
-// scales), rounded to 256.
-int64_t q8_row_bytes(int64_t n) { return ((n + 15) / 16 * 16 + n / 32 * 8 + 255) / 256 * 256; }
 
 double act_double(GluKind kind, double g, double u) {
   if (kind == GluKind::Silu) return g / (1.0 + std::exp(-g)) * u;
