@@ -203,7 +203,7 @@ Status launch_glu_twins(GluProducts p, const F32Input& in, const PairEpilogue& e
 
 template <typename Fmt>
 Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
-  if constexpr (grouped_interleaved_fit<Fmt, Fmt>()) {
+  if constexpr (grouped_q4_0_or_q8_0<Fmt, Fmt>()) {
     const size_t span = size_t(p.rows) * size_t(p.w_row_bytes), tile = 2 * size_t(p.w_row_bytes);
     const uint8_t* gate = twin_of(p.w[0], span, tile);
     const uint8_t* up = twin_of(p.w[1], span, tile);

@@ -231,11 +231,12 @@ __device__ __forceinline__ void accumulate_group(const uint8_t* group, const int
   accumulate_group_words<Fmt>(g, xg, dg, acc);
 }
 
-// The interleaved mode of the kernel below (kStages == 0): the weights are the twins of
-// decode_layout.h, so a lane loads its group with coalesced 16-byte loads straight into
-// registers, and the blocks hold no copy stages (only x) in shared memory. q4_0 / q8_0 only.
+// Launches of one format, q4_0 or q8_0: the only ones with the interleaved mode of the kernel
+// below (kStages == 0: the weights are the twins of decode_layout.h, so a lane loads its group
+// with coalesced 16-byte loads straight into registers, and the blocks hold no copy stages,
+// only x, in shared memory), and the only ones that read the residual's old value early.
 template <typename Fmt, typename FmtB>
-constexpr bool grouped_interleaved_fit() {
+constexpr bool grouped_q4_0_or_q8_0() {
   return std::is_same_v<Fmt, FmtB> && (std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ8_0>);
 }
 // Resident blocks its launch bound asks for: 2, at most 128 registers (q4_0 98, q8_0 126). q4_0
@@ -373,7 +374,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   // lane has none). The parts start at whole tiles (launch_grouped checks), so a task's rows
   // are one tile's slots.
   constexpr bool kTwin = kStages == 0;
-  static_assert(!kTwin || grouped_interleaved_fit<Fmt, FmtB>());
+  static_assert(!kTwin || grouped_q4_0_or_q8_0<Fmt, FmtB>());
   constexpr int kWords = Fmt::kGroupBytes / 16;  // 16-byte words a group
   uint32_t g[kTwin ? group_words<Fmt>() : 1];
   auto load_item = [&](int i) {
@@ -427,8 +428,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   // the products instead of adding a round trip to L2 at the task's (and the kernel's) end.
   // Only for q4_0 / q8_0: measured faster there (Llama-3-8B Q4_0 -6 us a step, Q8_0 -4), but
   // +8 us for Q4_K_M, whose q4_K / q6_K instances pay more registers for it.
-  constexpr bool kOldEarly =
-      !kTwoFormats && (std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ8_0>);
+  constexpr bool kOldEarly = grouped_q4_0_or_q8_0<Fmt, FmtB>();
   float add_old = 0.0f, accumulate_old = 0.0f;
   for (int i = 0; i < items; ++i) {
     if constexpr (kStages > 1) issue(i + 1);
@@ -555,7 +555,7 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   int blocks_per_sm = 0, sms = 0;
-  if constexpr (grouped_interleaved_fit<Fmt, FmtB>() && kLanesPerRow != 8) {  // see interleave_lanes
+  if constexpr (grouped_q4_0_or_q8_0<Fmt, FmtB>() && kLanesPerRow != 8) {  // see interleave_lanes
     GroupedSegments twins = seg;
     if (interleave_lanes(cols / kGroupElems) == kLanesPerRow && w_row_bytes == cols / kGroupElems * Fmt::kGroupBytes &&
         twin_segments<kSlots>(seg, total_rows, w_row_bytes, twins)) {
