@@ -56,9 +56,12 @@ struct CudaOptions {
   // (matvec_grouped_glu.cu): the kernel's copy stages per warp (2 or 1), or 0: the glu as
   // its own kernel. KILN_CUDA_GLU_EPILOGUE_Q8=N (0..2) sets it.
   int int8_glu_epilogue = 2;
-  // q4_0 / q8_0 decode products read warp-interleaved twins of the weights, made at load
-  // (decode_layout.h; the weights are then held twice). KILN_CUDA_INTERLEAVED=1 sets it.
-  bool interleaved_decode = false;
+  // q4_0 / q8_0 decode products read warp-interleaved twins of the weights (decode_layout.h):
+  // 0 none, 1 twins made at load beside the originals (the weights held twice), 2 the weights
+  // permuted in place (prefill's dequantization and get_rows read the layout too).
+  // KILN_CUDA_INTERLEAVED=N sets it.
+  static constexpr int kTwinsBeside = 1, kTwinsInPlace = 2;
+  int interleaved_decode = 0;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };

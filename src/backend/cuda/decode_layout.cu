@@ -17,26 +17,16 @@ int64_t group_words(GgmlType type) { return type == GgmlType::Q4_0 ? 9 : 17; }
 // One thread per 16-byte word of the source: its row, group and word within the group give
 // its place in the twin.
 __global__ void interleave_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t rows,
-                                  int64_t groups, int words_per_group, int lanes) {
+                                  int64_t groups, int words_per_group) {
   const int64_t row_words = groups * words_per_group;
   const int64_t total = rows * row_words;
-  const int slots = detail::kWarpSize / lanes;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / row_words, in_row = i % row_words;
-    const int64_t group = in_row / words_per_group;
-    const int k = int(in_row % words_per_group);
-    const int64_t block = row / slots;
-    const int slot = int(row % slots);
-    const int64_t chunk = group / lanes;
-    const int li = int(group % lanes);
-    const int chunk_groups = int(min(int64_t(lanes), groups - chunk * lanes));
-    const int64_t at = block * slots * row_words + chunk * slots * lanes * words_per_group +
-                       int64_t(k) * slots * chunk_groups + slot * chunk_groups + li;
-    dst[at] = src[i];
+    dst[interleaved_word(row, in_row / words_per_group, int(in_row % words_per_group), groups, words_per_group)] =
+        src[i];
   }
 }
 
-// Registered matrices by their first byte: [base, base + bytes) and the twin's first byte.
 struct Twin {
   size_t bytes;
   const uint8_t* twin;
@@ -59,7 +49,7 @@ Status interleave_weights(GgmlType type, const void* src, void* dst, int64_t row
   const int64_t words = rows * groups * group_words(type);
   const int blocks = int(std::min<int64_t>((words + 255) / 256, 65536));
   interleave_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(src), static_cast<uint4*>(dst), rows, groups,
-                                                int(group_words(type)), interleave_lanes(groups));
+                                                int(group_words(type)));
   return Status::from_cuda(cudaGetLastError(), "interleave_kernel");
 }
 
@@ -82,6 +72,23 @@ const uint8_t* twin_of(const void* p, size_t span, size_t tile_bytes) {
   const uint8_t* base = it->first;
   if (q + span > base + it->second.bytes || size_t(q - base) % tile_bytes != 0) return nullptr;
   return it->second.twin + (q - base);
+}
+
+bool in_place_matrix(const void* p, const uint8_t*& base, size_t& bytes) {
+  const auto* q = static_cast<const uint8_t*>(p);
+  std::lock_guard lock(g_twins_mutex);
+  auto it = g_twins.upper_bound(q);
+  if (it == g_twins.begin()) return false;
+  --it;
+  if (it->second.twin != it->first || q >= it->first + it->second.bytes) return false;
+  base = it->first, bytes = it->second.bytes;
+  return true;
+}
+
+bool in_place(const void* p) {
+  const uint8_t* base = nullptr;
+  size_t bytes = 0;
+  return in_place_matrix(p, base, bytes);
 }
 
 }  // namespace kiln::cuda

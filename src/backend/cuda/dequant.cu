@@ -1,9 +1,11 @@
 // Dequantization kernels (see dequant.h). One block per output row; each thread decodes
 // groups of 8 consecutive elements with the block formats' exact decode8().
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "backend/cuda/block_formats.cuh"
+#include "backend/cuda/decode_layout.h"
 #include "backend/cuda/dequant.h"
 
 namespace kiln::cuda {
@@ -51,20 +53,15 @@ __device__ __forceinline__ int64_t source_row(const int32_t* ids, int64_t r, int
   return id >= 0 && id < src_rows ? id : -1;
 }
 
+// Output row r of `cols` elements from source row `row` (null: sr < 0, a row of NaN).
 template <typename Fmt, OutType kOut, bool kVectorStore>
-__global__ void __launch_bounds__(kDequantThreads)
-    dequant_blocks_kernel(const uint8_t* __restrict__ src, int64_t src_row_bytes, int64_t cols,
-                          const int32_t* __restrict__ ids, int64_t src_rows, void* dst, int64_t dst_stride) {
+__device__ __forceinline__ void decode_row(const uint8_t* row, int64_t cols, typename Store<kOut>::T* out) {
   using S = Store<kOut>;
   constexpr int kGroupsPerBlock = Fmt::kElems / 8;
-  const int64_t r = blockIdx.x;
-  const int64_t sr = source_row(ids, r, src_rows);
-  typename S::T* out = static_cast<typename S::T*>(dst) + r * dst_stride;
-  const uint8_t* row = src + (sr < 0 ? 0 : sr) * src_row_bytes;
   const int64_t n_groups = cols / 8;
   for (int64_t g = threadIdx.x; g < n_groups; g += kDequantThreads) {
     float v[8];
-    if (sr >= 0) {
+    if (row) {
       Fmt::decode8(row + (g / kGroupsPerBlock) * Fmt::kBytes, int(g % kGroupsPerBlock), v);
     } else {
 #pragma unroll
@@ -77,6 +74,36 @@ __global__ void __launch_bounds__(kDequantThreads)
       for (int i = 0; i < 8; ++i) out[8 * g + i] = S::convert(v[i]);
     }
   }
+}
+
+template <typename Fmt, OutType kOut, bool kVectorStore>
+__global__ void __launch_bounds__(kDequantThreads)
+    dequant_blocks_kernel(const uint8_t* __restrict__ src, int64_t src_row_bytes, int64_t cols,
+                          const int32_t* __restrict__ ids, int64_t src_rows, void* dst, int64_t dst_stride) {
+  const int64_t r = blockIdx.x;
+  const int64_t sr = source_row(ids, r, src_rows);
+  decode_row<Fmt, kOut, kVectorStore>(sr < 0 ? nullptr : src + sr * src_row_bytes, cols,
+                                      static_cast<typename Store<kOut>::T*>(dst) + r * dst_stride);
+}
+
+// Rows of a q4_0 / q8_0 matrix interleaved in place (decode_layout.h; src at a whole tile of
+// its rows): each block first gathers its source row's words back into the block layout in
+// shared memory (row_words 16-byte words), then decodes as above.
+template <typename Fmt, OutType kOut, bool kVectorStore>
+__global__ void __launch_bounds__(kDequantThreads)
+    dequant_interleaved_kernel(const uint4* __restrict__ src, int64_t cols, const int32_t* __restrict__ ids,
+                               int64_t src_rows, void* dst, int64_t dst_stride) {
+  extern __shared__ uint4 row_s[];
+  constexpr int kWords = Fmt::kBytes * 8 / 16;  // a group of 8 blocks
+  const int64_t r = blockIdx.x;
+  const int64_t sr = source_row(ids, r, src_rows);
+  const int64_t groups = cols / 256, row_words = groups * kWords;
+  if (sr >= 0)
+    for (int64_t w = threadIdx.x; w < row_words; w += kDequantThreads)
+      row_s[w] = src[interleaved_word(sr, w / kWords, int(w % kWords), groups, kWords)];
+  __syncthreads();
+  decode_row<Fmt, kOut, kVectorStore>(sr < 0 ? nullptr : reinterpret_cast<const uint8_t*>(row_s), cols,
+                                      static_cast<typename Store<kOut>::T*>(dst) + r * dst_stride);
 }
 
 // f32 / f16 / bf16 sources: one element per thread and step.
@@ -138,6 +165,58 @@ Status launch_dequant(const DequantArgs& a, bool vector_store, cudaStream_t stre
 
 bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
+template <typename Fmt, OutType kOut>
+Status launch_interleaved(const DequantArgs& a, bool vector_store, cudaStream_t stream) {
+  const size_t smem = size_t(a.cols) / 256 * (Fmt::kBytes * 8);
+  constexpr auto vector_kernel = dequant_interleaved_kernel<Fmt, kOut, true>;
+  constexpr auto scalar_kernel = dequant_interleaved_kernel<Fmt, kOut, false>;
+  const auto kernel = vector_store ? vector_kernel : scalar_kernel;
+  if (smem > 48 * 1024)
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        e != cudaSuccess)
+      return Status::from_cuda(e, "cudaFuncSetAttribute (dequant_interleaved_kernel)");
+  kernel<<<unsigned(a.rows), kDequantThreads, smem, stream>>>(static_cast<const uint4*>(a.src), a.cols, a.ids,
+                                                              a.src_rows, a.dst, a.dst_stride);
+  return launch_status("dequant_interleaved_kernel");
+}
+
+// Rows of matrices interleaved in place (decode_layout.h), a run of rows per matrix: a slab
+// of weights loaded side by side may cross from one matrix into the next. Every run must
+// start at a whole tile of its matrix's rows. With ids (a gather) src is one matrix's start.
+Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStream_t stream) {
+  const int64_t tile = int64_t(interleave_tile_bytes(a.cols, a.src_row_bytes));
+  DequantArgs run = a;
+  for (int64_t done = 0; done < a.rows;) {
+    const uint8_t* at = static_cast<const uint8_t*>(a.src) + done * a.src_row_bytes;
+    const uint8_t* base = nullptr;
+    size_t bytes = 0;
+    if (!in_place_matrix(at, base, bytes) || (at - base) % tile != 0 ||
+        a.src_row_bytes != a.cols / 256 * int64_t(traits(a.type).type_size) * 8)
+      return Status::invalid("dequantize: rows of interleaved weights must start at a whole tile of one matrix, "
+                             "packed");
+    run.src = at;
+    run.rows = a.ids ? a.rows : std::min<int64_t>(a.rows - done, int64_t(base + bytes - at) / a.src_row_bytes);
+    if (run.rows <= 0) return Status::invalid("dequantize: a run of interleaved rows ends inside a row");
+    Status s;
+    visit_quant_format(a.type, [&](auto fmt) {
+      using Fmt = decltype(fmt);
+      if constexpr (Fmt::kElems == 32 && (Fmt::kBytes == 18 || Fmt::kBytes == 34)) {  // q4_0 (q4_1 is 20), q8_0
+        switch (a.out) {
+          case OutType::F32: s = launch_interleaved<Fmt, OutType::F32>(run, vector_store, stream); break;
+          case OutType::BF16: s = launch_interleaved<Fmt, OutType::BF16>(run, vector_store, stream); break;
+          case OutType::F16: s = launch_interleaved<Fmt, OutType::F16>(run, vector_store, stream); break;
+        }
+      } else {
+        s = Status::invalid("dequantize: only q4_0 / q8_0 weights are interleaved");
+      }
+    });
+    if (!s.ok()) return s;
+    run.dst = static_cast<uint8_t*>(run.dst) + size_t(run.rows) * size_t(a.dst_stride) * (a.out == OutType::F32 ? 4 : 2);
+    done += run.rows;
+  }
+  return Status();
+}
+
 }  // namespace detail
 
 bool dequantize_supports(GgmlType type) {
@@ -160,6 +239,8 @@ Status dequantize_rows(const DequantArgs& a, cudaStream_t stream) {
     return Status::invalid("dequantize: " + std::string(t.name) + " rows must be aligned to their element size");
   const int out_size = a.out == OutType::F32 ? 4 : 2;
   const bool vector_store = reinterpret_cast<uintptr_t>(a.dst) % 16 == 0 && (a.dst_stride * out_size) % 16 == 0;
+  if ((a.type == GgmlType::Q4_0 || a.type == GgmlType::Q8_0) && in_place(a.src))
+    return detail::dequantize_interleaved(a, vector_store, stream);
   switch (a.out) {
     case OutType::F32: return detail::launch_dequant<OutType::F32>(a, vector_store, stream);
     case OutType::BF16: return detail::launch_dequant<OutType::BF16>(a, vector_store, stream);

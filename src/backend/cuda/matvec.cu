@@ -15,6 +15,7 @@
 
 #include "backend/cuda/block_formats.cuh"
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/decode_layout.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec.h"
 #include "backend/cuda/matvec_grouped.h"
@@ -392,6 +393,9 @@ Status matvec_q8(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
     return Status::invalid("matvec_q8: the quantized x holds " + std::to_string(xq.n) + " values for " +
                            std::to_string(a.cols) + " columns");
   if (matvec_grouped_fits(a, xq)) return matvec_q8_grouped(a, xq, stream);
+  if (in_place(a.w))
+    return Status::invalid("matvec_q8: these weights are interleaved in place (KILN_CUDA_INTERLEAVED=2), which only "
+                           "the grouped decode kernels read, and this product does not fit them");
   const int rows_per_warp = detail::pick_rows_per_warp(a);
   const int split = detail::pick_split(a, rows_per_warp);
   if (rows_per_warp == 1) return detail::launch_quant<1>(a, xq, split, stream);

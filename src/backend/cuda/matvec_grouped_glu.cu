@@ -42,8 +42,8 @@ struct GluProducts {
   int groups;  // of each row, at most 16
 };
 
-// kStages == 0: p.w are the interleaved twins (decode_layout.h; two rows a tile), each lane's
-// group loaded straight into registers, no copy stages.
+// kStages == 0: p.w are the interleaved twins (decode_layout.h), each lane's group loaded
+// straight into registers, no copy stages.
 template <typename Fmt, int kStages>
 __global__ void __launch_bounds__(kGroupedThreads,
                                   kStages == 1 ? 3 : (kStages == 0 ? kInterleavedMinBlocks : 0))
@@ -90,11 +90,12 @@ __global__ void __launch_bounds__(kGroupedThreads,
     if constexpr (kTwin) {
       if (i >= items || li >= p.groups) return;
       const int64_t row = int64_t(h_block_of(i)) * kGluBlockValues + value_of(i);
-      const uint4* tile = reinterpret_cast<const uint4*>(p.w[slot] + (row & ~int64_t(1)) * p.w_row_bytes) +
-                          int((row & 1) * p.groups) + li;
+      const uint4* twin = reinterpret_cast<const uint4*>(p.w[slot]);
+      const int64_t first = interleaved_word(row, li, 0, p.groups, kWords);
+      const int64_t step = interleaved_word(row, li, 1, p.groups, kWords) - first;  // from word k to k + 1
 #pragma unroll
       for (int k = 0; k < kWords; ++k) {
-        const uint4 v = __ldcs(tile + k * 2 * p.groups);  // read once a step
+        const uint4 v = __ldcs(twin + first + k * step);  // read once a step
         g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
       }
     }
@@ -204,14 +205,17 @@ Status launch_glu_twins(GluProducts p, const F32Input& in, const PairEpilogue& e
 template <typename Fmt>
 Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   if constexpr (grouped_q4_0_or_q8_0<Fmt, Fmt>()) {
-    const size_t span = size_t(p.rows) * size_t(p.w_row_bytes), tile = 2 * size_t(p.w_row_bytes);
+    const size_t span = size_t(p.rows) * size_t(p.w_row_bytes);
+    const size_t tile = size_t(kWarpSize / interleave_lanes(p.groups)) * size_t(p.w_row_bytes);
     const uint8_t* gate = twin_of(p.w[0], span, tile);
     const uint8_t* up = twin_of(p.w[1], span, tile);
-    if (gate && up && interleave_lanes(p.groups) == kGluLanesPerRow && p.w_row_bytes == p.groups * Fmt::kGroupBytes) {
+    if (gate && up && p.w_row_bytes == p.groups * Fmt::kGroupBytes) {
       GluProducts twins = p;
       twins.w[0] = gate, twins.w[1] = up;
       return launch_glu_twins<Fmt>(twins, in, ep, stream);
     }
+    if (in_place(p.w[0]) || in_place(p.w[1]))
+      return Status::invalid("matvec (glu): gate / up are interleaved in place, and this launch cannot read them so");
   }
   if (ep.glu.stages == 1) return launch_glu_stages<Fmt, 1>(p, in, ep, stream);
   return launch_glu_stages<Fmt, 2>(p, in, ep, stream);

@@ -371,8 +371,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   };
 
   // Interleaved mode: item i's group of this lane from the twin into g (nothing where the
-  // lane has none). The parts start at whole tiles (launch_grouped checks), so a task's rows
-  // are one tile's slots.
+  // lane has none). The parts start at whole tiles of the layout (launch_grouped checks).
   constexpr bool kTwin = kStages == 0;
   static_assert(!kTwin || grouped_q4_0_or_q8_0<Fmt, FmtB>());
   constexpr int kWords = Fmt::kGroupBytes / 16;  // 16-byte words a group
@@ -385,13 +384,12 @@ __global__ void __launch_bounds__(kGroupedThreads,
       if (group >= groups || row >= rows) return;
       int part, local;
       seg.locate(row, part, local);
-      const int chunk_groups = min(kLanesPerRow, groups - chunk * kLanesPerRow);
-      const uint4* tile = reinterpret_cast<const uint4*>(GroupedSegments::pick(seg.w, part) +
-                                                         int64_t(local - slot) * w_row_bytes) +
-                          int64_t(chunk) * kSlots * kLanesPerRow * kWords + slot * chunk_groups + li;
+      const uint4* twin = reinterpret_cast<const uint4*>(GroupedSegments::pick(seg.w, part));
+      const int64_t first = interleaved_word(local, group, 0, groups, kWords);
+      const int64_t step = interleaved_word(local, group, 1, groups, kWords) - first;  // from word k to k + 1
 #pragma unroll
       for (int k = 0; k < kWords; ++k) {
-        const uint4 v = __ldcs(tile + k * kSlots * chunk_groups);  // read once a step
+        const uint4 v = __ldcs(twin + first + k * step);  // read once a step
         g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
       }
     }
@@ -530,16 +528,29 @@ constexpr int64_t kOneStageMaxCols = 2048;
 int grouped_one_stage_mode();
 
 // seg with every part's weights replaced by their interleaved twins (decode_layout.h), when
-// every part lies in one twinned matrix and starts at a whole tile of its rows (kSlots rows);
-// false (twins untouched) otherwise.
-template <int kSlots>
-bool twin_segments(const GroupedSegments& seg, int64_t total_rows, int64_t w_row_bytes, GroupedSegments& twins) {
+// every part lies in one twinned matrix and starts at a whole tile of the layout (`slots`
+// rows), and every part but the last has whole tiles; false (twins untouched) otherwise.
+// Weights interleaved in place (KILN_CUDA_INTERLEAVED=2) that a launch could not take from the
+// layout: refused, since the copy stages would read them as blocks.
+inline Status refuse_in_place(const GroupedSegments& seg, int64_t total_rows) {
+  int64_t first = 0;
+  for (int i = 0; i < kMaxMatvecParts && first < total_rows; ++i) {
+    if (in_place(seg.w[i]))
+      return Status::invalid("matvec: part " + std::to_string(i) + "'s weights are interleaved in place, and this "
+                             "launch cannot read them so (a part starting inside a tile of the layout)");
+    first = std::min<int64_t>(seg.end[i], total_rows);
+  }
+  return Status();
+}
+
+inline bool twin_segments(const GroupedSegments& seg, int64_t total_rows, int64_t w_row_bytes, int slots,
+                          GroupedSegments& twins) {
   int64_t first = 0;
   for (int i = 0; i < kMaxMatvecParts && first < total_rows; ++i) {
     const int64_t end = std::min<int64_t>(seg.end[i], total_rows);
-    if ((end - first) % kSlots != 0) return false;  // the next part would start inside a tile
+    if (end < total_rows && (end - first) % slots != 0) return false;  // the next part would start inside a tile
     const uint8_t* twin =
-        twin_of(seg.w[i], size_t(end - first) * size_t(w_row_bytes), size_t(kSlots) * size_t(w_row_bytes));
+        twin_of(seg.w[i], size_t(end - first) * size_t(w_row_bytes), size_t(slots) * size_t(w_row_bytes));
     if (!twin) return false;
     twins.w[i] = twin;
     first = end;
@@ -555,10 +566,11 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   int blocks_per_sm = 0, sms = 0;
-  if constexpr (grouped_q4_0_or_q8_0<Fmt, FmtB>() && kLanesPerRow != 8) {  // see interleave_lanes
+  if constexpr (grouped_q4_0_or_q8_0<Fmt, FmtB>()) {
     GroupedSegments twins = seg;
-    if (interleave_lanes(cols / kGroupElems) == kLanesPerRow && w_row_bytes == cols / kGroupElems * Fmt::kGroupBytes &&
-        twin_segments<kSlots>(seg, total_rows, w_row_bytes, twins)) {
+    const int64_t groups = cols / kGroupElems;
+    if (w_row_bytes == groups * Fmt::kGroupBytes &&
+        twin_segments(seg, total_rows, w_row_bytes, kWarpSize / interleave_lanes(groups), twins)) {
       constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
       if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
@@ -567,6 +579,7 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
                      int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
       return launch_status("matvec_grouped_kernel (interleaved)");
     }
+    if (Status s = refuse_in_place(seg, total_rows); !s.ok()) return s;
   }
   // Rows of one chunk are one item a task: where every task fits a warp of the one-stage
   // kernel's resident blocks, each warp has a single item.
