@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/block_formats.cuh"
 #include "backend/cuda/decode_layout.h"
@@ -200,7 +201,7 @@ Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStrea
     Status s;
     visit_quant_format(a.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
-      if constexpr (Fmt::kElems == 32 && (Fmt::kBytes == 18 || Fmt::kBytes == 34)) {  // q4_0 (q4_1 is 20), q8_0
+      if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_0>> || std::is_same_v<Fmt, Format<GgmlType::Q8_0>>) {
         switch (a.out) {
           case OutType::F32: s = launch_interleaved<Fmt, OutType::F32>(run, vector_store, stream); break;
           case OutType::BF16: s = launch_interleaved<Fmt, OutType::BF16>(run, vector_store, stream); break;

@@ -527,9 +527,6 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 constexpr int64_t kOneStageMaxCols = 2048;
 int grouped_one_stage_mode();
 
-// seg with every part's weights replaced by their interleaved twins (decode_layout.h), when
-// every part lies in one twinned matrix and starts at a whole tile of the layout (`slots`
-// rows), and every part but the last has whole tiles; false (twins untouched) otherwise.
 // Weights interleaved in place (KILN_CUDA_INTERLEAVED=2) that a launch could not take from the
 // layout: refused, since the copy stages would read them as blocks.
 inline Status refuse_in_place(const GroupedSegments& seg, int64_t total_rows) {
@@ -543,6 +540,9 @@ inline Status refuse_in_place(const GroupedSegments& seg, int64_t total_rows) {
   return Status();
 }
 
+// seg with every part's weights replaced by their interleaved twins (decode_layout.h), when
+// every part lies in one twinned matrix and starts at a whole tile of the layout (`slots`
+// rows), and every part but the last has whole tiles; false (twins untouched) otherwise.
 inline bool twin_segments(const GroupedSegments& seg, int64_t total_rows, int64_t w_row_bytes, int slots,
                           GroupedSegments& twins) {
   int64_t first = 0;
