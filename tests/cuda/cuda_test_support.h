@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/decode_layout.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/status.h"
 #include "core/half.h"
@@ -142,6 +143,16 @@ inline std::vector<uint8_t> random_rows(std::mt19937_64& rng, GgmlType type, int
     }
   }
   return data;
+}
+
+// rows x cols weights of `type` (host, block layout) on the device, permuted into the
+// interleaved layout and registered (decode_layout.h; unregister_interleaved when done).
+inline DeviceBuffer to_device_interleaved(GgmlType type, const std::vector<uint8_t>& host, int64_t rows, int64_t cols) {
+  DeviceBuffer w = to_device(host);
+  const Status s = interleave_in_place(type, w.as(), rows, cols, nullptr);
+  EXPECT_TRUE(s.ok()) << s.message();
+  register_interleaved(w.as(), host.size());
+  return w;
 }
 
 // The CPU mirror of quantize_q8_kernel: the same f32 operations, so the same bytes.

@@ -1,8 +1,8 @@
-// The interleaved twins of q4_0 / q8_0 decode weights (backend/cuda/decode_layout.h): the
-// grouped products (and the int8 glu kernel) read from a registered twin give the bits they give from the original
-// (the same groups, dotted and summed in the same order), the twin is what they read (the
-// original zeroed afterwards changes nothing), and the registry finds twins only for whole
-// tiles inside a registered matrix.
+// The warp-interleaved layout of q4_0 / q8_0 decode weights (backend/cuda/decode_layout.h):
+// the grouped products (and the int8 glu kernel) over weights permuted into the layout and
+// registered give the bits they give over the block layout (the same groups, dotted and
+// summed in the same order), and the registry answers for whole tiles inside a registered
+// matrix only.
 #include <cstring>
 
 #include "backend/cuda/decode_layout.h"
@@ -20,22 +20,32 @@ using namespace kiln::cuda::testing;
 // Registry arithmetic only (no device memory is touched): fake addresses.
 TEST(DecodeLayoutRegistry, FindsWholeTilesInsideARegisteredMatrix) {
   auto* base = reinterpret_cast<const uint8_t*>(uintptr_t(1) << 40);
-  auto* twin = reinterpret_cast<const uint8_t*>(uintptr_t(3) << 40);
   const size_t tile = 2 * 2304, bytes = 8 * tile;
-  register_twin(base, bytes, twin);
-  EXPECT_EQ(twin_of(base, bytes, tile), twin);
-  EXPECT_EQ(twin_of(base + 3 * tile, 2 * tile, tile), twin + 3 * tile);
-  EXPECT_EQ(twin_of(base + 2304, tile, tile), nullptr) << "starts inside a tile";
-  EXPECT_EQ(twin_of(base + 7 * tile, 2 * tile, tile), nullptr) << "runs past the matrix";
-  EXPECT_EQ(twin_of(base - tile, tile, tile), nullptr) << "before the matrix";
-  unregister_twin(base);
-  EXPECT_EQ(twin_of(base, bytes, tile), nullptr) << "unregistered";
+  register_interleaved(base, bytes);
+  EXPECT_TRUE(interleaved_tiles(base, bytes, tile));
+  EXPECT_TRUE(interleaved_tiles(base + 3 * tile, 2 * tile, tile));
+  EXPECT_FALSE(interleaved_tiles(base + 2304, tile, tile)) << "starts inside a tile";
+  EXPECT_FALSE(interleaved_tiles(base + 7 * tile, 2 * tile, tile)) << "runs past the matrix";
+  EXPECT_FALSE(interleaved_tiles(base - tile, tile, tile)) << "before the matrix";
+  EXPECT_TRUE(is_interleaved(base + bytes - 1, 1));
+  EXPECT_TRUE(is_interleaved(base - 16, 17)) << "a span running into the matrix";
+  EXPECT_FALSE(is_interleaved(base - 16, 16)) << "a span ending where the matrix starts";
+  EXPECT_FALSE(is_interleaved(base + bytes, 4096)) << "after the matrix";
+  const uint8_t* found = nullptr;
+  size_t found_bytes = 0;
+  ASSERT_TRUE(interleaved_matrix(base + 100, found, found_bytes));
+  EXPECT_EQ(found, base);
+  EXPECT_EQ(found_bytes, bytes);
+  unregister_interleaved(base);
+  EXPECT_FALSE(interleaved_tiles(base, bytes, tile)) << "unregistered";
+  EXPECT_FALSE(is_interleaved(base, bytes)) << "unregistered";
 }
 
-TEST(DecodeLayoutRegistry, SaysWhichMatricesCanHaveTwins) {
+TEST(DecodeLayoutRegistry, SaysWhichMatricesCanTakeTheLayout) {
   EXPECT_TRUE(interleavable(GgmlType::Q4_0, 6144, 4096));
   EXPECT_TRUE(interleavable(GgmlType::Q8_0, 4096, 14336));
   EXPECT_TRUE(interleavable(GgmlType::Q4_0, 7, 14336)) << "rows of 56 groups take a tile each";
+  EXPECT_TRUE(interleavable(GgmlType::Q8_0, 2, 256)) << "rows of one group, two a tile";
   EXPECT_FALSE(interleavable(GgmlType::Q4_0, 7, 4096)) << "rows of 16 groups take tiles of two";
   EXPECT_FALSE(interleavable(GgmlType::Q4_0, 8, 4000)) << "not whole groups of 256";
   EXPECT_FALSE(interleavable(GgmlType::Q4_K, 8, 4096));
@@ -50,7 +60,7 @@ struct LayoutCase {
 
 class DecodeLayoutTest : public ::testing::TestWithParam<LayoutCase> {};
 
-TEST_P(DecodeLayoutTest, TwinGivesTheSameBits) {
+TEST_P(DecodeLayoutTest, ProductsGiveTheBlockLayoutsBits) {
   KILN_REQUIRE_GPU();
   const LayoutCase c = GetParam();
   SCOPED_TRACE(std::string(type_name(c.type)) + " cols " + std::to_string(c.cols) +
@@ -61,13 +71,14 @@ TEST_P(DecodeLayoutTest, TwinGivesTheSameBits) {
   int64_t total = 0;
   for (int64_t r : c.part_rows) total += r;
 
-  // Every part its own matrix (as weights are loaded), each with a twin.
-  std::vector<DeviceBuffer> w_d, twin_d;
+  // Every part its own matrix (as weights are loaded), in the block layout and in the
+  // interleaved layout (registered).
+  std::vector<DeviceBuffer> w_d, interleaved_d;
   for (int64_t rows : c.part_rows) {
     ASSERT_TRUE(interleavable(c.type, rows, c.cols));
-    w_d.push_back(to_device(random_rows(rng, c.type, rows, c.cols, row_bytes)));
-    twin_d.emplace_back(size_t(rows * row_bytes));
-    KILN_STATUS_OK(interleave_weights(c.type, w_d.back().as(), twin_d.back().as(), rows, c.cols, nullptr));
+    const std::vector<uint8_t> host = random_rows(rng, c.type, rows, c.cols, row_bytes);
+    w_d.push_back(to_device(host));
+    interleaved_d.push_back(to_device_interleaved(c.type, host, rows, c.cols));
   }
   const std::vector<float> x = random_floats(rng, size_t(c.cols), -2.0f, 2.0f);
   const std::vector<float> norm = random_floats(rng, size_t(c.cols), 0.5f, 1.5f);
@@ -78,13 +89,13 @@ TEST_P(DecodeLayoutTest, TwinGivesTheSameBits) {
   if (!c.f32_input) KILN_STATUS_OK(quantize_q8(x_d.as<float>(), c.cols, xq, nullptr));
 
   // The products into y (the first part adds `addend`, the last accumulates into acc).
-  auto run = [&](std::vector<float>& y, std::vector<float>& acc) {
+  auto run = [&](const std::vector<DeviceBuffer>& w, std::vector<float>& y, std::vector<float>& acc) {
     DeviceBuffer y_d(size_t(total) * 4), acc_d = to_device(addend);
     y_d.poison();
     std::vector<MatvecPart> parts(c.part_rows.size());
     int64_t first = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
-      parts[i].w = w_d[i].as(), parts[i].rows = c.part_rows[i], parts[i].y = y_d.as<float>() + first;
+      parts[i].w = w[i].as(), parts[i].rows = c.part_rows[i], parts[i].y = y_d.as<float>() + first;
       first += c.part_rows[i];
     }
     parts.front().add = add_d.as<float>();
@@ -103,20 +114,13 @@ TEST_P(DecodeLayoutTest, TwinGivesTheSameBits) {
     acc = to_host<float>(acc_d, size_t(total));
   };
 
-  std::vector<float> y_plain, acc_plain, y_twin, acc_twin, y_zeroed, acc_zeroed;
-  run(y_plain, acc_plain);
-  for (size_t i = 0; i < w_d.size(); ++i)
-    register_twin(w_d[i].as(), size_t(c.part_rows[i] * row_bytes), twin_d[i].as());
-  run(y_twin, acc_twin);
-  // The twin is what the products read: zeroing the originals changes nothing.
-  for (const DeviceBuffer& w : w_d) KILN_CUDA_OK(cudaMemset(w.as(), 0, w.bytes()));
-  run(y_zeroed, acc_zeroed);
-  for (const DeviceBuffer& w : w_d) unregister_twin(w.as());
+  std::vector<float> y_plain, acc_plain, y_interleaved, acc_interleaved;
+  run(w_d, y_plain, acc_plain);
+  run(interleaved_d, y_interleaved, acc_interleaved);
+  for (const DeviceBuffer& w : interleaved_d) unregister_interleaved(w.as());
 
-  EXPECT_TRUE(all_equal_bits(y_plain, y_twin, "y, twin vs original"));
-  EXPECT_TRUE(all_equal_bits(acc_plain, acc_twin, "accumulated, twin vs original"));
-  EXPECT_TRUE(all_equal_bits(y_plain, y_zeroed, "y, twin with the original zeroed"));
-  EXPECT_TRUE(all_equal_bits(acc_plain, acc_zeroed, "accumulated, twin with the original zeroed"));
+  EXPECT_TRUE(all_equal_bits(y_plain, y_interleaved, "y, interleaved vs block layout"));
+  EXPECT_TRUE(all_equal_bits(acc_plain, acc_interleaved, "accumulated, interleaved vs block layout"));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -131,9 +135,9 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{GgmlType::Q8_0, 2816, {40}, true}));         // 11 groups
 
 // gate / up with the glu in the epilogue (the int8 glu kernel, matvec_grouped_glu.cu): from the
-// twins, gate, up, the activation and its int8 copy are the original's bits, and stay so with
-// the originals zeroed. Llama-3-8B's width, 96 rows (3 h-blocks), the norm inside.
-TEST(DecodeLayoutGlu, TwinGivesTheSameBits) {
+// interleaved layout, gate, up, the activation and its int8 copy are the block layout's bits.
+// Llama-3-8B's width, 96 rows (3 h-blocks), the norm inside.
+TEST(DecodeLayoutGlu, ProductsGiveTheBlockLayoutsBits) {
   KILN_REQUIRE_GPU();
   for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
     SCOPED_TRACE(type_name(type));
@@ -141,21 +145,21 @@ TEST(DecodeLayoutGlu, TwinGivesTheSameBits) {
     const int64_t w_row = K / traits(type).block_size * traits(type).type_size;
     const int64_t q8_row = q8_row_bytes(N);
     std::mt19937_64 rng(uint64_t(type) * 7 + 1);
-    DeviceBuffer w_d[2], twin_d[2];
+    DeviceBuffer w_d[2], interleaved_d[2];
     for (int s = 0; s < 2; ++s) {
-      w_d[s] = to_device(random_rows(rng, type, N, K, w_row));
-      twin_d[s] = DeviceBuffer(size_t(N * w_row));
-      KILN_STATUS_OK(interleave_weights(type, w_d[s].as(), twin_d[s].as(), N, K, nullptr));
+      const std::vector<uint8_t> host = random_rows(rng, type, N, K, w_row);
+      w_d[s] = to_device(host);
+      interleaved_d[s] = to_device_interleaved(type, host, N, K);
     }
     const DeviceBuffer x_d = to_device(random_floats(rng, size_t(K), -1.5f, 1.5f)),
                        norm_d = to_device(random_floats(rng, size_t(K), 0.5f, 1.5f));
 
-    auto run = [&](std::vector<float>& out, std::vector<uint8_t>& q8) {
+    auto run = [&](const DeviceBuffer* w, std::vector<float>& out, std::vector<uint8_t>& q8) {
       DeviceBuffer gate_d{size_t(N) * 4}, up_d{size_t(N) * 4}, act_d{size_t(N) * 4}, q8_d{size_t(q8_row)};
       gate_d.poison(), up_d.poison(), act_d.poison(), q8_d.poison();
       MatvecPart parts[2];
-      parts[0].w = w_d[0].as(), parts[0].rows = N, parts[0].y = gate_d.as<float>();
-      parts[1].w = w_d[1].as(), parts[1].rows = N, parts[1].y = up_d.as<float>();
+      parts[0].w = w[0].as(), parts[0].rows = N, parts[0].y = gate_d.as<float>();
+      parts[1].w = w[1].as(), parts[1].rows = N, parts[1].y = up_d.as<float>();
       F32Input in;
       in.x = x_d.as<float>(), in.norm_weight = norm_d.as<float>(), in.eps = 1e-5f;
       PairEpilogue ep;
@@ -173,19 +177,14 @@ TEST(DecodeLayoutGlu, TwinGivesTheSameBits) {
       q8 = to_host<uint8_t>(q8_d, size_t(q8_row));
     };
 
-    std::vector<float> plain, twin, zeroed;
-    std::vector<uint8_t> plain_q8, twin_q8, zeroed_q8;
-    run(plain, plain_q8);
-    for (int s = 0; s < 2; ++s) register_twin(w_d[s].as(), size_t(N * w_row), twin_d[s].as());
-    run(twin, twin_q8);
-    for (int s = 0; s < 2; ++s) KILN_CUDA_OK(cudaMemset(w_d[s].as(), 0, w_d[s].bytes()));
-    run(zeroed, zeroed_q8);
-    for (int s = 0; s < 2; ++s) unregister_twin(w_d[s].as());
+    std::vector<float> plain, interleaved;
+    std::vector<uint8_t> plain_q8, interleaved_q8;
+    run(w_d, plain, plain_q8);
+    run(interleaved_d, interleaved, interleaved_q8);
+    for (int s = 0; s < 2; ++s) unregister_interleaved(interleaved_d[s].as());
 
-    EXPECT_TRUE(all_equal_bits(plain, twin, "gate, up, activation: twin vs original"));
-    EXPECT_TRUE(all_equal_bits(plain, zeroed, "gate, up, activation: twin with the originals zeroed"));
-    EXPECT_TRUE(plain_q8 == twin_q8) << "the activation's int8 copy differs (twin vs original)";
-    EXPECT_TRUE(plain_q8 == zeroed_q8) << "the activation's int8 copy differs (originals zeroed)";
+    EXPECT_TRUE(all_equal_bits(plain, interleaved, "gate, up, activation: interleaved vs block layout"));
+    EXPECT_TRUE(plain_q8 == interleaved_q8) << "the activation's int8 copy differs (interleaved vs block layout)";
   }
 }
 

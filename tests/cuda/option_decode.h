@@ -2,6 +2,7 @@
 // A model decoded greedily by a CUDA backend built with given options: what the tests that
 // compare a fused path with the ops apart on a whole model (tiny256 reference files) share.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -15,11 +16,14 @@ struct OptionDecode {
   int64_t ops = 0;            // ops the backend recorded for the whole decode
 };
 
-// 16 greedy steps after `prompt`, through a 256-token cache of `cache_type`.
+// 16 greedy steps after `prompt`, through a 256-token cache of `cache_type`; `loaded` sees the
+// model before it runs.
 inline OptionDecode decode_with_options(const gguf::File& file, const CudaOptions& options,
-                                        const std::vector<int32_t>& prompt, GgmlType cache_type = GgmlType::F32) {
+                                        const std::vector<int32_t>& prompt, GgmlType cache_type = GgmlType::F32,
+                                        const std::function<void(const Model&)>& loaded = {}) {
   CudaBackend backend(options);
   const auto model = Model::load(file, backend);
+  if (loaded) loaded(*model);
   OptionDecode d;
   const int64_t before = backend.recorded_ops();
   d.tokens = greedy_decode(*model, backend, prompt, 16, 256, &d.logits, cache_type);

@@ -50,7 +50,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   device_sms_ = devices[size_t(options.device)].multiprocessors;
   if (cuda::env_is("KILN_CUDA_FUSED", "0")) options_.fused = false;
   if (cuda::env_is("KILN_CUDA_MIXED_PARTS", "0")) options_.mixed_parts = false;
-  if (const int e = cuda::env_int("KILN_CUDA_INTERLEAVED", -1); e >= 0 && e <= 2) options_.interleaved_decode = e;
+  if (cuda::env_is("KILN_CUDA_INTERLEAVED", "0")) options_.interleaved_decode = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
   if (const int e = cuda::env_int("KILN_CUDA_HALF_EPILOGUE", -1); e >= 0 && e <= 3) options_.half_epilogues = e;
@@ -78,7 +78,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   graphs_.reset();
   if (blas_) cublasDestroy(blas_);
-  for (const void* p : twinned_) cuda::unregister_twin(p);
+  for (const void* p : interleaved_) cuda::unregister_interleaved(p);
   for (void* p : device_allocations_) cudaFree(p);
   if (pinned_) cudaFreeHost(pinned_);
   if (download_pinned_) cudaFreeHost(download_pinned_);
@@ -176,38 +176,19 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
   device_allocations_.push_back(p);
   stage_upload(info.data, p, info.bytes);
   t.data = p;
-  make_twin(t);
+  interleave(t);
   return t;
 }
 
-void CudaBackend::make_twin(const Tensor& weight) {
-  if (options_.interleaved_decode == 0 || weight.ne[2] != 1 || weight.ne[3] != 1 ||
-      !cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]))
+void CudaBackend::interleave(const Tensor& weight) {
+  if (!options_.interleaved_decode || weight.ne[0] < options_.interleaved_min_cols || weight.ne[2] != 1 ||
+      weight.ne[3] != 1 || !cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]))
     return;
-  const bool in_place = options_.interleaved_decode == CudaOptions::kTwinsInPlace;
-  void* twin = nullptr;
-  const size_t bytes = weight.bytes();
-  const cudaError_t e = cudaMalloc(&twin, bytes + cuda_memory::kSlack);
-  if (e != cudaSuccess)
-    fail("cuda backend: cannot allocate {} bytes for the interleaved twin of {}: {}", bytes, weight.name,
-         cudaGetErrorString(e));
-  if (const cuda::Status s = cuda::interleave_weights(weight.dtype, weight.data, twin, weight.ne[1], weight.ne[0],
-                                                      stream_);
+  if (const cuda::Status s = cuda::interleave_in_place(weight.dtype, weight.data, weight.ne[1], weight.ne[0], stream_);
       !s.ok())
-    fail("cuda backend: the interleaved twin of {}: {}", weight.name, s.message());
-  if (in_place) {  // the permuted bytes back over the original; the twin was only a staging copy
-    cuda_memory::check(cudaMemcpyAsync(weight.data, twin, bytes, cudaMemcpyDeviceToDevice, stream_),
-                       "cudaMemcpyAsync (interleaved weights)");
-  }
-  cuda_memory::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (interleave_weights)");
-  if (in_place) {
-    cuda_memory::check(cudaFree(twin), "cudaFree (interleaving copy)");
-    twin = weight.data;
-  } else {
-    device_allocations_.push_back(twin);
-  }
-  cuda::register_twin(weight.data, bytes, twin);
-  twinned_.push_back(weight.data);
+    fail("cuda backend: the interleaved layout of {}: {}", weight.name, s.message());
+  cuda::register_interleaved(weight.data, weight.bytes());
+  interleaved_.push_back(weight.data);
 }
 
 // One allocation for weights that are multiplied with one input: each starts where the one
@@ -233,7 +214,7 @@ std::vector<Tensor> CudaBackend::weights_side_by_side(std::span<const gguf::Tens
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].data = static_cast<uint8_t*>(p) + offsets[i];
     stage_upload(infos[i]->data, out[i].data, infos[i]->bytes);
-    make_twin(out[i]);
+    interleave(out[i]);
   }
   return out;
 }

@@ -56,12 +56,13 @@ struct CudaOptions {
   // (matvec_grouped_glu.cu): the kernel's copy stages per warp (2 or 1), or 0: the glu as
   // its own kernel. KILN_CUDA_GLU_EPILOGUE_Q8=N (0..2) sets it.
   int int8_glu_epilogue = 2;
-  // q4_0 / q8_0 decode products read warp-interleaved twins of the weights (decode_layout.h):
-  // 0 none, 1 twins made at load beside the originals (the weights held twice), 2 the weights
-  // permuted in place (prefill's dequantization and get_rows read the layout too).
-  // KILN_CUDA_INTERLEAVED=N sets it.
-  static constexpr int kTwinsBeside = 1, kTwinsInPlace = 2;
-  int interleaved_decode = 0;
+  // q4_0 / q8_0 weights are permuted at load into the warp-interleaved layout that the decode
+  // products load straight into registers (decode_layout.h; prefill's dequantization and
+  // get_rows read it too). KILN_CUDA_INTERLEAVED=0 keeps the block layout.
+  bool interleaved_decode = true;
+  // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
+  // 8 lanes a row, which read the layout slower than the copy stages (docs/perf-notes.md).
+  int64_t interleaved_min_cols = 2304;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -146,9 +147,9 @@ class CudaBackend final : public Backend {
   void* scratch(Scratch& s, size_t bytes);
   // Host -> device through the pinned staging buffer (weights: chunked, synchronous).
   void stage_upload(const void* host, void* dst, size_t bytes);
-  // With options_.interleaved_decode: the interleaved twin of an uploaded weight, where it can
-  // have one (decode_layout.h), registered until the backend is destroyed.
-  void make_twin(const Tensor& weight);
+  // With options_.interleaved_decode: an uploaded weight permuted into the interleaved layout
+  // where it can take it (decode_layout.h), registered until the backend is destroyed.
+  void interleave(const Tensor& weight);
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
   // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp), one per
@@ -285,7 +286,7 @@ class CudaBackend final : public Backend {
   void* download_pinned_ = nullptr;
   uint64_t next_download_ = 1;
   std::vector<void*> device_allocations_;  // weights, retired scratch
-  std::vector<const void*> twinned_;       // weights with a registered twin
+  std::vector<const void*> interleaved_;   // weights registered in the interleaved layout
   size_t weight_bytes_ = 0;
   Scratch q8_scratch_, matmul_scratch_, glu_half_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;

@@ -1,7 +1,8 @@
-// The interleaved twins of q4_0 / q8_0 decode weights (see decode_layout.h): the permuting
-// kernel and the registry that finds a twin by the original's address.
+// The warp-interleaved layout of q4_0 / q8_0 weights (see decode_layout.h): the permuting
+// kernel and the registry of matrices in the layout.
 #include "backend/cuda/decode_layout.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -15,7 +16,7 @@ constexpr int64_t kGroupWeights = 256;
 int64_t group_words(GgmlType type) { return type == GgmlType::Q4_0 ? 9 : 17; }
 
 // One thread per 16-byte word of the source: its row, group and word within the group give
-// its place in the twin.
+// its place in the layout.
 __global__ void interleave_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t rows,
                                   int64_t groups, int words_per_group) {
   const int64_t row_words = groups * words_per_group;
@@ -27,12 +28,8 @@ __global__ void interleave_kernel(const uint4* __restrict__ src, uint4* __restri
   }
 }
 
-struct Twin {
-  size_t bytes;
-  const uint8_t* twin;
-};
-std::mutex g_twins_mutex;
-std::map<const uint8_t*, Twin> g_twins;
+std::mutex g_matrices_mutex;
+std::map<const uint8_t*, size_t> g_matrices;  // first byte -> size
 
 }  // namespace
 
@@ -42,53 +39,63 @@ bool interleavable(GgmlType type, int64_t rows, int64_t cols) {
   return rows % (detail::kWarpSize / interleave_lanes(cols / kGroupWeights)) == 0;
 }
 
-Status interleave_weights(GgmlType type, const void* src, void* dst, int64_t rows, int64_t cols,
-                          cudaStream_t stream) {
-  if (!interleavable(type, rows, cols)) return Status::invalid("interleave_weights: only q4_0 / q8_0 rows of whole 256-weight groups, in whole tiles of rows");
+Status interleave_in_place(GgmlType type, void* w, int64_t rows, int64_t cols, cudaStream_t stream) {
+  if (!interleavable(type, rows, cols))
+    return Status::invalid("interleave_in_place: only q4_0 / q8_0 rows of whole 256-weight groups, in whole tiles of "
+                           "rows");
   const int64_t groups = cols / kGroupWeights;
   const int64_t words = rows * groups * group_words(type);
-  const int blocks = int(std::min<int64_t>((words + 255) / 256, 65536));
-  interleave_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(src), static_cast<uint4*>(dst), rows, groups,
-                                                int(group_words(type)));
-  return Status::from_cuda(cudaGetLastError(), "interleave_kernel");
+  void* copy = nullptr;
+  if (cudaError_t e = cudaMalloc(&copy, size_t(words) * 16); e != cudaSuccess)
+    return Status::from_cuda(e, "cudaMalloc (interleaving copy)");
+  cudaError_t e = cudaMemcpyAsync(copy, w, size_t(words) * 16, cudaMemcpyDeviceToDevice, stream);
+  if (e == cudaSuccess) {
+    const int blocks = int(std::min<int64_t>((words + 255) / 256, 65536));
+    interleave_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(copy), static_cast<uint4*>(w), rows,
+                                                  groups, int(group_words(type)));
+    e = cudaGetLastError();
+  }
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  cudaFree(copy);
+  if (e == cudaSuccess) e = synced;
+  return Status::from_cuda(e, "interleave_kernel");
 }
 
-void register_twin(const void* base, size_t bytes, const void* twin) {
-  std::lock_guard lock(g_twins_mutex);
-  g_twins[static_cast<const uint8_t*>(base)] = {bytes, static_cast<const uint8_t*>(twin)};
+void register_interleaved(const void* base, size_t bytes) {
+  std::lock_guard lock(g_matrices_mutex);
+  g_matrices[static_cast<const uint8_t*>(base)] = bytes;
 }
 
-void unregister_twin(const void* base) {
-  std::lock_guard lock(g_twins_mutex);
-  g_twins.erase(static_cast<const uint8_t*>(base));
+void unregister_interleaved(const void* base) {
+  std::lock_guard lock(g_matrices_mutex);
+  g_matrices.erase(static_cast<const uint8_t*>(base));
 }
 
-const uint8_t* twin_of(const void* p, size_t span, size_t tile_bytes) {
+bool interleaved_matrix(const void* p, const uint8_t*& base, size_t& bytes) {
   const auto* q = static_cast<const uint8_t*>(p);
-  std::lock_guard lock(g_twins_mutex);
-  auto it = g_twins.upper_bound(q);  // the first matrix starting after q; the one before may hold it
-  if (it == g_twins.begin()) return nullptr;
+  std::lock_guard lock(g_matrices_mutex);
+  auto it = g_matrices.upper_bound(q);  // the first matrix starting after q; the one before may hold it
+  if (it == g_matrices.begin()) return false;
   --it;
-  const uint8_t* base = it->first;
-  if (q + span > base + it->second.bytes || size_t(q - base) % tile_bytes != 0) return nullptr;
-  return it->second.twin + (q - base);
-}
-
-bool in_place_matrix(const void* p, const uint8_t*& base, size_t& bytes) {
-  const auto* q = static_cast<const uint8_t*>(p);
-  std::lock_guard lock(g_twins_mutex);
-  auto it = g_twins.upper_bound(q);
-  if (it == g_twins.begin()) return false;
-  --it;
-  if (it->second.twin != it->first || q >= it->first + it->second.bytes) return false;
-  base = it->first, bytes = it->second.bytes;
+  if (q >= it->first + it->second) return false;
+  base = it->first, bytes = it->second;
   return true;
 }
 
-bool in_place(const void* p) {
+bool is_interleaved(const void* p, size_t span) {
+  const auto* q = static_cast<const uint8_t*>(p);
+  std::lock_guard lock(g_matrices_mutex);
+  auto it = g_matrices.lower_bound(q + span);  // the first matrix starting at or after the span's end
+  if (it == g_matrices.begin()) return false;
+  --it;  // the last one starting before it: the only one that can overlap
+  return it->first + it->second > q;
+}
+
+bool interleaved_tiles(const void* p, size_t span, size_t tile_bytes) {
+  const auto* q = static_cast<const uint8_t*>(p);
   const uint8_t* base = nullptr;
   size_t bytes = 0;
-  return in_place_matrix(p, base, bytes);
+  return interleaved_matrix(p, base, bytes) && q + span <= base + bytes && size_t(q - base) % tile_bytes == 0;
 }
 
 }  // namespace kiln::cuda

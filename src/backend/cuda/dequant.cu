@@ -87,13 +87,13 @@ __global__ void __launch_bounds__(kDequantThreads)
                                       static_cast<typename Store<kOut>::T*>(dst) + r * dst_stride);
 }
 
-// Rows of a q4_0 / q8_0 matrix interleaved in place (decode_layout.h; src at a whole tile of
-// its rows): each block first gathers its source row's words back into the block layout in
-// shared memory (row_words 16-byte words), then decodes as above.
+// Rows of a q4_0 / q8_0 matrix in the interleaved layout (decode_layout.h; `matrix` is its
+// first byte, source rows count from its row `first_row`): each block first gathers its
+// source row's words back into the block layout in shared memory, then decodes as above.
 template <typename Fmt, OutType kOut, bool kVectorStore>
 __global__ void __launch_bounds__(kDequantThreads)
-    dequant_interleaved_kernel(const uint4* __restrict__ src, int64_t cols, const int32_t* __restrict__ ids,
-                               int64_t src_rows, void* dst, int64_t dst_stride) {
+    dequant_interleaved_kernel(const uint4* __restrict__ matrix, int64_t first_row, int64_t cols,
+                               const int32_t* __restrict__ ids, int64_t src_rows, void* dst, int64_t dst_stride) {
   extern __shared__ uint4 row_s[];
   constexpr int kWords = Fmt::kBytes * 8 / 16;  // a group of 8 blocks
   const int64_t r = blockIdx.x;
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kDequantThreads)
   const int64_t groups = cols / 256, row_words = groups * kWords;
   if (sr >= 0)
     for (int64_t w = threadIdx.x; w < row_words; w += kDequantThreads)
-      row_s[w] = src[interleaved_word(sr, w / kWords, int(w % kWords), groups, kWords)];
+      row_s[w] = matrix[interleaved_word(first_row + sr, w / kWords, int(w % kWords), groups, kWords)];
   __syncthreads();
   decode_row<Fmt, kOut, kVectorStore>(sr < 0 ? nullptr : reinterpret_cast<const uint8_t*>(row_s), cols,
                                       static_cast<typename Store<kOut>::T*>(dst) + r * dst_stride);
@@ -167,7 +167,8 @@ Status launch_dequant(const DequantArgs& a, bool vector_store, cudaStream_t stre
 bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
 template <typename Fmt, OutType kOut>
-Status launch_interleaved(const DequantArgs& a, bool vector_store, cudaStream_t stream) {
+Status launch_interleaved(const DequantArgs& a, const uint8_t* matrix, int64_t first_row, bool vector_store,
+                          cudaStream_t stream) {
   const size_t smem = size_t(a.cols) / 256 * (Fmt::kBytes * 8);
   constexpr auto vector_kernel = dequant_interleaved_kernel<Fmt, kOut, true>;
   constexpr auto scalar_kernel = dequant_interleaved_kernel<Fmt, kOut, false>;
@@ -176,39 +177,42 @@ Status launch_interleaved(const DequantArgs& a, bool vector_store, cudaStream_t 
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         e != cudaSuccess)
       return Status::from_cuda(e, "cudaFuncSetAttribute (dequant_interleaved_kernel)");
-  kernel<<<unsigned(a.rows), kDequantThreads, smem, stream>>>(static_cast<const uint4*>(a.src), a.cols, a.ids,
-                                                              a.src_rows, a.dst, a.dst_stride);
+  kernel<<<unsigned(a.rows), kDequantThreads, smem, stream>>>(reinterpret_cast<const uint4*>(matrix), first_row,
+                                                              a.cols, a.ids, a.src_rows, a.dst, a.dst_stride);
   return launch_status("dequant_interleaved_kernel");
 }
 
-// Rows of matrices interleaved in place (decode_layout.h), a run of rows per matrix: a slab
-// of weights loaded side by side may cross from one matrix into the next. Every run must
-// start at a whole tile of its matrix's rows. With ids (a gather) src is one matrix's start.
+// Rows of matrices in the interleaved layout (decode_layout.h), a run of rows per matrix: a
+// slab of weights loaded side by side may cross from one matrix into the next. With ids (a
+// gather) the ids count rows from src, all in its matrix.
 Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStream_t stream) {
-  const int64_t tile = int64_t(interleave_tile_bytes(a.cols, a.src_row_bytes));
+  if (a.src_row_bytes != a.cols / 256 * int64_t(traits(a.type).type_size) * 8)
+    return Status::invalid("dequantize: rows of interleaved weights must be packed (" +
+                           std::to_string(a.src_row_bytes) + " bytes a row of " + std::to_string(a.cols) + ")");
   DequantArgs run = a;
   for (int64_t done = 0; done < a.rows;) {
     const uint8_t* at = static_cast<const uint8_t*>(a.src) + done * a.src_row_bytes;
     const uint8_t* base = nullptr;
     size_t bytes = 0;
-    if (!in_place_matrix(at, base, bytes) || (at - base) % tile != 0 ||
-        a.src_row_bytes != a.cols / 256 * int64_t(traits(a.type).type_size) * 8)
-      return Status::invalid("dequantize: rows of interleaved weights must start at a whole tile of one matrix, "
-                             "packed");
-    run.src = at;
-    run.rows = a.ids ? a.rows : std::min<int64_t>(a.rows - done, int64_t(base + bytes - at) / a.src_row_bytes);
-    if (run.rows <= 0) return Status::invalid("dequantize: a run of interleaved rows ends inside a row");
+    if (!interleaved_matrix(at, base, bytes) || (at - base) % a.src_row_bytes != 0)
+      return Status::invalid("dequantize: rows of interleaved weights must start at a whole row of one matrix");
+    const int64_t first_row = (at - base) / a.src_row_bytes, rows_left = int64_t(bytes) / a.src_row_bytes - first_row;
+    run.rows = a.ids ? a.rows : std::min<int64_t>(a.rows - done, rows_left);
+    if (run.rows <= 0 || (a.ids && a.src_rows > rows_left))
+      return Status::invalid("dequantize: the rows run past the end of their interleaved matrix");
     Status s;
     visit_quant_format(a.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
       if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_0>> || std::is_same_v<Fmt, Format<GgmlType::Q8_0>>) {
         switch (a.out) {
-          case OutType::F32: s = launch_interleaved<Fmt, OutType::F32>(run, vector_store, stream); break;
-          case OutType::BF16: s = launch_interleaved<Fmt, OutType::BF16>(run, vector_store, stream); break;
-          case OutType::F16: s = launch_interleaved<Fmt, OutType::F16>(run, vector_store, stream); break;
+          case OutType::F32: s = launch_interleaved<Fmt, OutType::F32>(run, base, first_row, vector_store, stream); break;
+          case OutType::BF16:
+            s = launch_interleaved<Fmt, OutType::BF16>(run, base, first_row, vector_store, stream);
+            break;
+          case OutType::F16: s = launch_interleaved<Fmt, OutType::F16>(run, base, first_row, vector_store, stream); break;
         }
       } else {
-        s = Status::invalid("dequantize: only q4_0 / q8_0 weights are interleaved");
+        s = Status::invalid("dequantize: only q4_0 / q8_0 weights take the interleaved layout");
       }
     });
     if (!s.ok()) return s;
@@ -240,7 +244,9 @@ Status dequantize_rows(const DequantArgs& a, cudaStream_t stream) {
     return Status::invalid("dequantize: " + std::string(t.name) + " rows must be aligned to their element size");
   const int out_size = a.out == OutType::F32 ? 4 : 2;
   const bool vector_store = reinterpret_cast<uintptr_t>(a.dst) % 16 == 0 && (a.dst_stride * out_size) % 16 == 0;
-  if ((a.type == GgmlType::Q4_0 || a.type == GgmlType::Q8_0) && in_place(a.src))
+  const int64_t span_rows = a.ids ? a.src_rows : a.rows;
+  if ((a.type == GgmlType::Q4_0 || a.type == GgmlType::Q8_0) &&
+      is_interleaved(a.src, size_t(span_rows) * size_t(a.src_row_bytes)))
     return detail::dequantize_interleaved(a, vector_store, stream);
   switch (a.out) {
     case OutType::F32: return detail::launch_dequant<OutType::F32>(a, vector_store, stream);

@@ -393,8 +393,8 @@ Status matvec_q8(const MatvecArgs& a, const Q8Vector& xq, cudaStream_t stream) {
     return Status::invalid("matvec_q8: the quantized x holds " + std::to_string(xq.n) + " values for " +
                            std::to_string(a.cols) + " columns");
   if (matvec_grouped_fits(a, xq)) return matvec_q8_grouped(a, xq, stream);
-  if (in_place(a.w))
-    return Status::invalid("matvec_q8: these weights are interleaved in place (KILN_CUDA_INTERLEAVED=2), which only "
+  if (is_interleaved(a.w, size_t(a.rows) * size_t(a.w_row_bytes)))
+    return Status::invalid("matvec_q8: these weights are in the interleaved layout (KILN_CUDA_INTERLEAVED), which only "
                            "the grouped decode kernels read, and this product does not fit them");
   const int rows_per_warp = detail::pick_rows_per_warp(a);
   const int split = detail::pick_split(a, rows_per_warp);

@@ -42,7 +42,7 @@ struct GluProducts {
   int groups;  // of each row, at most 16
 };
 
-// kStages == 0: p.w are the interleaved twins (decode_layout.h), each lane's group loaded
+// kStages == 0: p.w are in the interleaved layout (decode_layout.h), each lane's group loaded
 // straight into registers, no copy stages.
 template <typename Fmt, int kStages>
 __global__ void __launch_bounds__(kGroupedThreads,
@@ -83,19 +83,19 @@ __global__ void __launch_bounds__(kGroupedThreads,
   };
 
   // Interleaved mode: item i's group of this lane (its row of gate or up) into g.
-  constexpr bool kTwin = kStages == 0;
+  constexpr bool kInterleaved = kStages == 0;
   constexpr int kWords = Fmt::kGroupBytes / 16;
-  uint32_t g[kTwin ? group_words<Fmt>() : 1];
+  uint32_t g[kInterleaved ? group_words<Fmt>() : 1];
   auto load_item = [&](int i) {
-    if constexpr (kTwin) {
+    if constexpr (kInterleaved) {
       if (i >= items || li >= p.groups) return;
       const int64_t row = int64_t(h_block_of(i)) * kGluBlockValues + value_of(i);
-      const uint4* twin = reinterpret_cast<const uint4*>(p.w[slot]);
+      const uint4* w = reinterpret_cast<const uint4*>(p.w[slot]);
       const int64_t first = interleaved_word(row, li, 0, p.groups, kWords);
       const int64_t step = interleaved_word(row, li, 1, p.groups, kWords) - first;  // from word k to k + 1
 #pragma unroll
       for (int k = 0; k < kWords; ++k) {
-        const uint4 v = __ldcs(twin + first + k * step);  // read once a step
+        const uint4 v = __ldcs(w + first + k * step);  // read once a step
         g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
       }
     }
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
 
   // As matvec_grouped_kernel over f32 x: this warp's first rows and the norm weights before
   // the wait, then x normalized and quantized into shared memory by the whole block.
-  if constexpr (kTwin)
+  if constexpr (kInterleaved)
     load_item(0);
   else
     issue(0);
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
 
   for (int i = 0; i < items; ++i) {
     float acc = 0.0f;
-    if constexpr (kTwin) {
+    if constexpr (kInterleaved) {
       if (li < p.groups) {
         const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
         const float4* dg = reinterpret_cast<const float4*>(ds_s + li * kDsGroupBytes);
@@ -188,10 +188,10 @@ Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpi
   return launch_status(kStages == 1 ? "matvec_glu_kernel (one stage)" : "matvec_glu_kernel");
 }
 
-// The interleaved mode, where gate and up both have twins: every resident block, with the
-// h-blocks spread evenly (rounds = the fewest that cover them).
+// The interleaved mode, where gate and up are both in the layout: every resident block, with
+// the h-blocks spread evenly (rounds = the fewest that cover them).
 template <typename Fmt>
-Status launch_glu_twins(GluProducts p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+Status launch_glu_interleaved(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   constexpr auto kernel = matvec_glu_kernel<Fmt, 0>;
   const size_t smem = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, 0);
   int blocks_per_sm = 0, sms = 0;
@@ -204,19 +204,15 @@ Status launch_glu_twins(GluProducts p, const F32Input& in, const PairEpilogue& e
 
 template <typename Fmt>
 Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  const size_t span = size_t(p.rows) * size_t(p.w_row_bytes);
   if constexpr (grouped_q4_0_or_q8_0<Fmt, Fmt>()) {
-    const size_t span = size_t(p.rows) * size_t(p.w_row_bytes);
     const size_t tile = size_t(kWarpSize / interleave_lanes(p.groups)) * size_t(p.w_row_bytes);
-    const uint8_t* gate = twin_of(p.w[0], span, tile);
-    const uint8_t* up = twin_of(p.w[1], span, tile);
-    if (gate && up && p.w_row_bytes == p.groups * Fmt::kGroupBytes) {
-      GluProducts twins = p;
-      twins.w[0] = gate, twins.w[1] = up;
-      return launch_glu_twins<Fmt>(twins, in, ep, stream);
-    }
-    if (in_place(p.w[0]) || in_place(p.w[1]))
-      return Status::invalid("matvec (glu): gate / up are interleaved in place, and this launch cannot read them so");
+    if (interleaved_tiles(p.w[0], span, tile) && interleaved_tiles(p.w[1], span, tile) &&
+        p.w_row_bytes == p.groups * Fmt::kGroupBytes)
+      return launch_glu_interleaved<Fmt>(p, in, ep, stream);
   }
+  if (is_interleaved(p.w[0], span) || is_interleaved(p.w[1], span))
+    return Status::invalid("matvec (glu): gate / up are in the interleaved layout, and this launch cannot read them so");
   if (ep.glu.stages == 1) return launch_glu_stages<Fmt, 1>(p, in, ep, stream);
   return launch_glu_stages<Fmt, 2>(p, in, ep, stream);
 }

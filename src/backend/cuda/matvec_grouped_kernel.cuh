@@ -232,7 +232,7 @@ __device__ __forceinline__ void accumulate_group(const uint8_t* group, const int
 }
 
 // Launches of one format, q4_0 or q8_0: the only ones with the interleaved mode of the kernel
-// below (kStages == 0: the weights are the twins of decode_layout.h, so a lane loads its group
+// below (kStages == 0: the weights are in the layout of decode_layout.h, so a lane loads its group
 // with coalesced 16-byte loads straight into registers, and the blocks hold no copy stages,
 // only x, in shared memory), and the only ones that read the residual's old value early.
 template <typename Fmt, typename FmtB>
@@ -370,26 +370,26 @@ __global__ void __launch_bounds__(kGroupedThreads,
     cp_async_commit();
   };
 
-  // Interleaved mode: item i's group of this lane from the twin into g (nothing where the
+  // Interleaved mode: item i's group of this lane from the layout into g (nothing where the
   // lane has none). The parts start at whole tiles of the layout (launch_grouped checks).
-  constexpr bool kTwin = kStages == 0;
-  static_assert(!kTwin || grouped_q4_0_or_q8_0<Fmt, FmtB>());
+  constexpr bool kInterleaved = kStages == 0;
+  static_assert(!kInterleaved || grouped_q4_0_or_q8_0<Fmt, FmtB>());
   constexpr int kWords = Fmt::kGroupBytes / 16;  // 16-byte words a group
-  uint32_t g[kTwin ? group_words<Fmt>() : 1];
+  uint32_t g[kInterleaved ? group_words<Fmt>() : 1];
   auto load_item = [&](int i) {
-    if constexpr (kTwin) {
+    if constexpr (kInterleaved) {
       if (i >= items) return;
       const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
       const int group = chunk * kLanesPerRow + li, row = first_row_of(task) + slot;
       if (group >= groups || row >= rows) return;
       int part, local;
       seg.locate(row, part, local);
-      const uint4* twin = reinterpret_cast<const uint4*>(GroupedSegments::pick(seg.w, part));
+      const uint4* w = reinterpret_cast<const uint4*>(GroupedSegments::pick(seg.w, part));
       const int64_t first = interleaved_word(local, group, 0, groups, kWords);
       const int64_t step = interleaved_word(local, group, 1, groups, kWords) - first;  // from word k to k + 1
 #pragma unroll
       for (int k = 0; k < kWords; ++k) {
-        const uint4 v = __ldcs(twin + first + k * step);  // read once a step
+        const uint4 v = __ldcs(w + first + k * step);  // read once a step
         g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
       }
     }
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   // This warp's first chunk of weights and its norm weights (no kernel of the step writes
   // them), then x, which the kernels before produce, into shared memory, padded per group
   // (all threads).
-  if constexpr (kTwin)
+  if constexpr (kInterleaved)
     load_item(0);
   else
     issue(0);
@@ -440,7 +440,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
       const float* target = GroupedSegments::pick(seg.acc, part);
       if (target && target != GroupedSegments::pick(seg.y, part)) accumulate_old = target[local];
     }
-    if constexpr (kTwin) {
+    if constexpr (kInterleaved) {
       if (group < groups && row < rows) {
         const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
         const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
@@ -527,35 +527,34 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 constexpr int64_t kOneStageMaxCols = 2048;
 int grouped_one_stage_mode();
 
-// Weights interleaved in place (KILN_CUDA_INTERLEAVED=2) that a launch could not take from the
-// layout: refused, since the copy stages would read them as blocks.
-inline Status refuse_in_place(const GroupedSegments& seg, int64_t total_rows) {
-  int64_t first = 0;
-  for (int i = 0; i < kMaxMatvecParts && first < total_rows; ++i) {
-    if (in_place(seg.w[i]))
-      return Status::invalid("matvec: part " + std::to_string(i) + "'s weights are interleaved in place, and this "
-                             "launch cannot read them so (a part starting inside a tile of the layout)");
-    first = std::min<int64_t>(seg.end[i], total_rows);
-  }
-  return Status();
-}
-
-// seg with every part's weights replaced by their interleaved twins (decode_layout.h), when
-// every part lies in one twinned matrix and starts at a whole tile of the layout (`slots`
-// rows), and every part but the last has whole tiles; false (twins untouched) otherwise.
-inline bool twin_segments(const GroupedSegments& seg, int64_t total_rows, int64_t w_row_bytes, int slots,
-                          GroupedSegments& twins) {
+// Whether every part's weights lie in one matrix in the interleaved layout (decode_layout.h)
+// and start at a whole tile of it (`slots` rows), and every part but the last has whole
+// tiles: then the launch reads the layout.
+inline bool interleaved_segments(const GroupedSegments& seg, int64_t total_rows, int64_t w_row_bytes, int slots) {
   int64_t first = 0;
   for (int i = 0; i < kMaxMatvecParts && first < total_rows; ++i) {
     const int64_t end = std::min<int64_t>(seg.end[i], total_rows);
     if (end < total_rows && (end - first) % slots != 0) return false;  // the next part would start inside a tile
-    const uint8_t* twin =
-        twin_of(seg.w[i], size_t(end - first) * size_t(w_row_bytes), size_t(slots) * size_t(w_row_bytes));
-    if (!twin) return false;
-    twins.w[i] = twin;
+    if (!interleaved_tiles(seg.w[i], size_t(end - first) * size_t(w_row_bytes), size_t(slots) * size_t(w_row_bytes)))
+      return false;
     first = end;
   }
   return true;
+}
+
+// Weights in the interleaved layout that a launch cannot read so: refused, since the copy
+// stages would read them as blocks.
+inline Status refuse_interleaved(const GroupedSegments& seg, int64_t total_rows, int64_t w_row_bytes) {
+  int64_t first = 0;
+  for (int i = 0; i < kMaxMatvecParts && first < total_rows; ++i) {
+    const int64_t end = std::min<int64_t>(seg.end[i], total_rows);
+    if (is_interleaved(seg.w[i], size_t(end - first) * size_t(w_row_bytes)))
+      return Status::invalid("matvec: part " + std::to_string(i) + "'s weights are in the interleaved layout, and "
+                             "this launch cannot read them so (a part starting inside a tile of the layout, or of a "
+                             "second format)");
+    first = end;
+  }
+  return Status();
 }
 
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
@@ -567,20 +566,19 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   int blocks_per_sm = 0, sms = 0;
   if constexpr (grouped_q4_0_or_q8_0<Fmt, FmtB>()) {
-    GroupedSegments twins = seg;
     const int64_t groups = cols / kGroupElems;
     if (w_row_bytes == groups * Fmt::kGroupBytes &&
-        twin_segments(seg, total_rows, w_row_bytes, kWarpSize / interleave_lanes(groups), twins)) {
+        interleaved_segments(seg, total_rows, w_row_bytes, kWarpSize / interleave_lanes(groups))) {
       constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
       if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
       const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
-      launch_chained(kernel, grid, kGroupedThreads, smem, stream, twins, w_row_bytes, second, int(total_rows),
+      launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
                      int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
       return launch_status("matvec_grouped_kernel (interleaved)");
     }
-    if (Status s = refuse_in_place(seg, total_rows); !s.ok()) return s;
   }
+  if (Status s = refuse_interleaved(seg, total_rows, w_row_bytes); !s.ok()) return s;  // e.g. a q8_0 part of a mixed launch
   // Rows of one chunk are one item a task: where every task fits a warp of the one-stage
   // kernel's resident blocks, each warp has a single item.
   if constexpr (kLanesPerRow <= 16) {

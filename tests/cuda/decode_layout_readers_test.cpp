@@ -1,13 +1,12 @@
-// Weights interleaved in place (KILN_CUDA_INTERLEAVED=2, backend/cuda/decode_layout.h): the
-// readers of the layout give the block layout's bits, the others refuse it.
-//  - dequantize_rows (prefill's bf16 slabs, get_rows): whole matrices, slabs from a whole tile,
-//    gathers with an id out of range, equal bit for bit to the same calls on the unpermuted copy;
-//    a slab starting inside a tile is refused;
-//  - the grouped products over parts interleaved in place give the unpermuted launch's bits;
-//    a part starting inside a tile is refused;
+// Weights in the interleaved layout (backend/cuda/decode_layout.h): its readers give the block
+// layout's bits, the others refuse it.
+//  - dequantize_rows (prefill's bf16 slabs, get_rows): whole matrices, slabs from a whole tile
+//    and from inside one, gathers with ids out of range, equal bit for bit to the same calls on
+//    the block layout;
+//  - the grouped products give the block layout's bits; a part starting inside a tile, and the
+//    general matvec kernels, are refused;
 //  - whole models (tiny256 Q4_0 and Q8_0, reference data): 16 greedy steps with the weights
-//    interleaved in place, and with twins beside them, give the tokens and the logits (bit for
-//    bit) of the plain backend.
+//    in the layout give the tokens and the logits (bit for bit) of the block layout.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -29,51 +28,21 @@ namespace {
 
 using namespace kiln::cuda::testing;
 
-TEST(DecodeLayoutRegistry, KnowsWhichMatricesAreInterleavedInPlace) {
-  auto* base = reinterpret_cast<const uint8_t*>(uintptr_t(5) << 40);
-  auto* other = reinterpret_cast<const uint8_t*>(uintptr_t(7) << 40);
-  register_twin(base, 4096, base);
-  register_twin(other, 4096, other + (uintptr_t(1) << 36));  // a twin beside: not in place
-  EXPECT_TRUE(in_place(base));
-  EXPECT_TRUE(in_place(base + 4095));
-  EXPECT_FALSE(in_place(base + 4096));
-  EXPECT_FALSE(in_place(base - 1));
-  EXPECT_FALSE(in_place(other + 16));
-  const uint8_t* found = nullptr;
-  size_t bytes = 0;
-  ASSERT_TRUE(in_place_matrix(base + 100, found, bytes));
-  EXPECT_EQ(found, base);
-  EXPECT_EQ(bytes, 4096u);
-  unregister_twin(base);
-  unregister_twin(other);
-  EXPECT_FALSE(in_place(base));
-}
-
-// Permutes `rows` x `cols` weights at w into the layout, in place, and registers them so.
-void interleave_in_place(GgmlType type, const DeviceBuffer& w, int64_t rows, int64_t cols, size_t bytes) {
-  DeviceBuffer staging(bytes);
-  KILN_STATUS_OK(interleave_weights(type, w.as(), staging.as(), rows, cols, nullptr));
-  KILN_CUDA_OK(cudaMemcpy(w.as(), staging.as(), bytes, cudaMemcpyDeviceToDevice));
-  register_twin(w.as(), bytes, w.as());
-}
-
 struct Shape {
   GgmlType type;
   int64_t rows, cols;
 };
 
-class DecodeLayoutInPlace : public ::testing::TestWithParam<Shape> {};
+class DecodeLayoutReaders : public ::testing::TestWithParam<Shape> {};
 
-TEST_P(DecodeLayoutInPlace, DequantizeRowsReadsTheLayout) {
+TEST_P(DecodeLayoutReaders, DequantizeRowsReadsTheLayout) {
   KILN_REQUIRE_GPU();
   const Shape c = GetParam();
   SCOPED_TRACE(std::string(type_name(c.type)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols));
   std::mt19937_64 rng(uint64_t(c.rows * 131 + c.cols));
   const int64_t row_bytes = c.cols / 32 * int64_t(traits(c.type).type_size);
-  const size_t bytes = size_t(c.rows * row_bytes);
   const std::vector<uint8_t> host = random_rows(rng, c.type, c.rows, c.cols, row_bytes);
-  const DeviceBuffer plain = to_device(host), permuted = to_device(host);
-  interleave_in_place(c.type, permuted, c.rows, c.cols, bytes);
+  const DeviceBuffer plain = to_device(host), permuted = to_device_interleaved(c.type, host, c.rows, c.cols);
   const int64_t tile_rows = 32 / interleave_lanes(c.cols / 256);
   const std::vector<int32_t> ids = {5 % int32_t(c.rows), 0, int32_t(c.rows - 1), -1, int32_t(c.rows), 2};
   const DeviceBuffer ids_d = to_device(ids);
@@ -99,6 +68,7 @@ TEST_P(DecodeLayoutInPlace, DequantizeRowsReadsTheLayout) {
   for (OutType out : {OutType::F32, OutType::BF16}) {
     for (const auto [first, rows, gather] : {std::tuple{int64_t(0), c.rows, false},
                                              std::tuple{tile_rows, c.rows - tile_rows, false},
+                                             std::tuple{int64_t(1), c.rows - 2, false},  // inside a tile
                                              std::tuple{int64_t(0), int64_t(0), true}}) {
       SCOPED_TRACE("out " + std::to_string(int(out)) + " first " + std::to_string(first) +
                    (gather ? " gather" : ""));
@@ -109,27 +79,22 @@ TEST_P(DecodeLayoutInPlace, DequantizeRowsReadsTheLayout) {
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size())) << "dequantized bytes differ";
     }
   }
-  if (tile_rows > 1) {
-    std::vector<uint8_t> unused;
-    EXPECT_FALSE(dequant(permuted, 1, c.rows - 1, false, OutType::F32, unused).ok()) << "a slab inside a tile";
-  }
-  unregister_twin(permuted.as());
+  unregister_interleaved(permuted.as());
 }
 
-TEST_P(DecodeLayoutInPlace, GroupedProductsReadTheLayout) {
+TEST_P(DecodeLayoutReaders, GroupedProductsReadTheLayout) {
   KILN_REQUIRE_GPU();
   const Shape c = GetParam();
   SCOPED_TRACE(std::string(type_name(c.type)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols));
   std::mt19937_64 rng(uint64_t(c.rows * 17 + c.cols));
   const int64_t row_bytes = c.cols / 32 * int64_t(traits(c.type).type_size);
-  const size_t bytes = size_t(c.rows * row_bytes);
   const std::vector<uint8_t> host = random_rows(rng, c.type, c.rows, c.cols, row_bytes);
-  const DeviceBuffer w = to_device(host), x_d = to_device(random_floats(rng, size_t(c.cols), -2.0f, 2.0f));
+  const DeviceBuffer plain = to_device(host), x_d = to_device(random_floats(rng, size_t(c.cols), -2.0f, 2.0f));
   DeviceBuffer xq_d(size_t(c.cols)), xds_d(size_t(c.cols / 32) * 8);
   const Q8Vector xq{xq_d.as<int8_t>(), xds_d.as<float2>(), c.cols};
   KILN_STATUS_OK(quantize_q8(x_d.as<float>(), c.cols, xq, nullptr));
 
-  auto run = [&](int64_t first_row, std::vector<float>& y) -> Status {
+  auto run = [&](const DeviceBuffer& w, int64_t first_row, std::vector<float>& y) -> Status {
     DeviceBuffer y_d(size_t(c.rows) * 4);
     y_d.poison();
     MatvecPart part;
@@ -143,15 +108,16 @@ TEST_P(DecodeLayoutInPlace, GroupedProductsReadTheLayout) {
     return s;
   };
   std::vector<float> want, got;
-  KILN_STATUS_OK(run(0, want));
-  interleave_in_place(c.type, w, c.rows, c.cols, bytes);
-  KILN_STATUS_OK(run(0, got));
-  EXPECT_TRUE(all_equal_bits(got, want, "products from the weights interleaved in place"));
-  if (32 / interleave_lanes(c.cols / 256) > 1) EXPECT_FALSE(run(1, got).ok()) << "a part starting inside a tile";
-  unregister_twin(w.as());
+  KILN_STATUS_OK(run(plain, 0, want));
+  const DeviceBuffer interleaved = to_device_interleaved(c.type, host, c.rows, c.cols);
+  KILN_STATUS_OK(run(interleaved, 0, got));
+  EXPECT_TRUE(all_equal_bits(got, want, "products from the interleaved layout"));
+  if (32 / interleave_lanes(c.cols / 256) > 1)
+    EXPECT_FALSE(run(interleaved, 1, got).ok()) << "a part starting inside a tile";
+  unregister_interleaved(interleaved.as());
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, DecodeLayoutInPlace,
+INSTANTIATE_TEST_SUITE_P(Shapes, DecodeLayoutReaders,
                          ::testing::Values(Shape{GgmlType::Q4_0, 64, 4096}, Shape{GgmlType::Q8_0, 64, 4096},
                                            Shape{GgmlType::Q4_0, 24, 14336}, Shape{GgmlType::Q8_0, 10, 14336},
                                            Shape{GgmlType::Q4_0, 18, 3840}, Shape{GgmlType::Q8_0, 40, 2048}));
@@ -162,25 +128,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DecodeLayoutInPlace,
 namespace kiln::testing {
 namespace {
 
-// 16 greedy steps of tiny256 with its q4_0 / q8_0 weights plain, interleaved in place, and with
-// twins beside: the same tokens and the same logits, bit for bit.
+// 16 greedy steps of tiny256 with its q4_0 / q8_0 weights in the block layout and in the
+// interleaved layout (every matrix that can take it, however narrow): the same tokens and the
+// same logits, bit for bit.
 void expect_same_decode(const char* model) {
   KILN_REQUIRE_GPU();
   KILN_REQUIRE_TESTDATA(gguf_path, std::string("quant/models/") + model);
   KILN_REQUIRE_TESTDATA(ids_path, "quant/models/ids.json");
   const std::vector<int32_t> prompt = tiny256_prompt(read_json(ids_path));
   const auto file = gguf::File::open(gguf_path.string());
-  OptionDecode runs[3];
-  for (int mode = 0; mode < 3; ++mode) {
-    CudaOptions o;
-    o.interleaved_decode = mode;
-    runs[mode] = decode_with_options(*file, o, prompt);
-  }
-  for (int mode = 1; mode < 3; ++mode) {
-    SCOPED_TRACE("interleaved_decode " + std::to_string(mode));
-    EXPECT_EQ(runs[mode].tokens, runs[0].tokens);
-    EXPECT_TRUE(cuda::testing::all_equal_bits(runs[mode].logits, runs[0].logits, "logits"));
-  }
+  CudaOptions block_layout;
+  block_layout.interleaved_decode = false;
+  const OptionDecode plain = decode_with_options(*file, block_layout, prompt);
+  CudaOptions all_interleaved;
+  all_interleaved.interleaved_min_cols = 0;
+  bool took_layout = false;
+  const OptionDecode interleaved = decode_with_options(*file, all_interleaved, prompt, GgmlType::F32, [&](const Model& m) {
+    took_layout = cuda::is_interleaved(m.weights().layers[0].ffn_down.data, 1);
+  });
+  EXPECT_TRUE(took_layout) << "the weights were not permuted into the layout";
+  EXPECT_EQ(interleaved.tokens, plain.tokens);
+  EXPECT_TRUE(cuda::testing::all_equal_bits(interleaved.logits, plain.logits, "logits"));
 }
 
 TEST(DecodeLayoutModel, Tiny256Q4_0DecodesTheSame) { expect_same_decode("tiny256-Q4_0.gguf"); }
