@@ -84,27 +84,21 @@ __global__ void __launch_bounds__(kGroupedThreads,
 
   // Interleaved mode: item i's group of this lane (its row of gate or up) into g.
   constexpr bool kInterleaved = kStages == 0;
-  constexpr int kWords = Fmt::kGroupBytes / 16;
   uint32_t g[kInterleaved ? group_words<Fmt>() : 1];
-  auto load_item = [&](int i) {
+  auto item_address = [&](int i) {
+    WordAddress a;
     if constexpr (kInterleaved) {
-      if (i >= items || li >= p.groups) return;
+      if (i >= items || li >= p.groups) return a;
       const int64_t row = int64_t(h_block_of(i)) * kGluBlockValues + value_of(i);
-      const uint4* w = reinterpret_cast<const uint4*>(p.w[slot]);
-      const int64_t first = interleaved_word(row, li, 0, p.groups, kWords);
-      const int64_t step = interleaved_word(row, li, 1, p.groups, kWords) - first;  // from word k to k + 1
-#pragma unroll
-      for (int k = 0; k < kWords; ++k) {
-        const uint4 v = __ldcs(w + first + k * step);  // read once a step
-        g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
-      }
+      a = interleaved_group<Fmt>(p.w[slot], row, li, p.groups);
     }
+    return a;
   };
 
   // As matvec_grouped_kernel over f32 x: this warp's first rows and the norm weights before
   // the wait, then x normalized and quantized into shared memory by the whole block.
   if constexpr (kInterleaved)
-    load_item(0);
+    load_words<Fmt>(g, item_address(0));
   else
     issue(0);
   float4 norm_w[kPairF32Steps];
@@ -118,12 +112,12 @@ __global__ void __launch_bounds__(kGroupedThreads,
   for (int i = 0; i < items; ++i) {
     float acc = 0.0f;
     if constexpr (kInterleaved) {
+      const WordAddress next = item_address(i + 1);  // its words replace this item's as they are read
       if (li < p.groups) {
         const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
         const float4* dg = reinterpret_cast<const float4*>(ds_s + li * kDsGroupBytes);
-        accumulate_group_words<Fmt>(g, xg, dg, acc);
+        accumulate_group_words_reloading<Fmt>(g, xg, dg, acc, next);
       }
-      load_item(i + 1);  // into the registers just read
     } else {
       if constexpr (kStages > 1) issue(i + 1);
       cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...

@@ -66,7 +66,9 @@ struct GroupQ4_0 {
       sum = dot4(int(q & 0x0F0F0F0Fu), x[k], sum);
       sum = dot4(int((q >> 4) & 0x0F0F0F0Fu), x[k + 4], sum);
     }
-    return half_to_float(half_at(g, base)) * (ds.x * float(sum) - 8.0f * ds.y);
+    // Explicit roundings (no contraction left to the compiler), here and where blocks are
+    // summed: the copy-stage and interleaved paths give the same bits whatever their schedules.
+    return __fmul_rn(half_to_float(half_at(g, base)), __fsub_rn(__fmul_rn(ds.x, float(sum)), 8.0f * ds.y));
   }
 };
 
@@ -79,7 +81,7 @@ struct GroupQ8_0 {
     int sum = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) sum = dot4(int(word_at(g, base + 2 + 4 * k)), x[k], sum);
-    return half_to_float(half_at(g, base)) * ds.x * float(sum);
+    return __fmul_rn(__fmul_rn(half_to_float(half_at(g, base)), ds.x), float(sum));  // as GroupQ4_0
   }
 };
 
@@ -220,10 +222,62 @@ __device__ __forceinline__ void accumulate_group_words(const uint32_t (&g)[group
     for (int h = 0; h < 2; ++h) {
       const int4 a = xg[2 * (j + h)], b = xg[2 * (j + h) + 1];
       const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      acc += Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w));
+      acc = __fadd_rn(acc, Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w)));
     }
   }
 }
+// A group in the interleaved layout (decode_layout.h): where word k of this lane's group sits
+// (words k at first + k * step), or null where the lane has none.
+struct WordAddress {
+  const uint4* first = nullptr;
+  int64_t step = 0;
+};
+template <typename Fmt>
+__device__ __forceinline__ WordAddress interleaved_group(const uint8_t* w, int64_t row, int group, int groups) {
+  constexpr int kWords = Fmt::kGroupBytes / 16;
+  const int64_t first = interleaved_word(row, group, 0, groups, kWords);
+  const int64_t step = interleaved_word(row, group, 1, groups, kWords) - first;  // from word k to k + 1
+  return {reinterpret_cast<const uint4*>(w) + first, step};
+}
+template <typename Fmt>
+__device__ __forceinline__ void load_word(uint32_t (&g)[group_words<Fmt>()], const WordAddress& a, int k) {
+  const uint4 v = __ldcs(a.first + k * a.step);  // read once a step
+  g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
+}
+template <typename Fmt>
+__device__ __forceinline__ void load_words(uint32_t (&g)[group_words<Fmt>()], const WordAddress& a) {
+  if (!a.first) return;
+#pragma unroll
+  for (int k = 0; k < Fmt::kGroupBytes / 16; ++k) load_word<Fmt>(g, a, k);
+}
+// The last block of a group that reads its word k.
+template <typename Fmt>
+constexpr int last_block_of_word(int k) {
+  const int b = (16 * k + 15) / Fmt::kBlockBytes;
+  return b < kGroupBlocks - 1 ? b : kGroupBlocks - 1;
+}
+// accumulate_group_words, with each word of g reloaded from `next` (the next item's group;
+// null: none) right after the last block that reads it: the next item's loads are in flight
+// while this item's blocks are dotted, in the registers the group already takes.
+template <typename Fmt>
+__device__ __forceinline__ void accumulate_group_words_reloading(uint32_t (&g)[group_words<Fmt>()], const int4* xg,
+                                                                 const float4* dg, float& acc,
+                                                                 const WordAddress& next) {
+#pragma unroll
+  for (int j = 0; j < kGroupBlocks; j += 2) {
+    const float4 d2 = dg[j / 2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int4 a = xg[2 * (j + h)], b = xg[2 * (j + h) + 1];
+      const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      acc = __fadd_rn(acc, Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w)));
+#pragma unroll
+      for (int k = 0; k < Fmt::kGroupBytes / 16; ++k)
+        if (last_block_of_word<Fmt>(k) == j + h && next.first) load_word<Fmt>(g, next, k);
+    }
+  }
+}
+
 template <typename Fmt>
 __device__ __forceinline__ void accumulate_group(const uint8_t* group, const int4* xg, const float4* dg, float& acc) {
   uint32_t g[group_words<Fmt>()];
@@ -239,8 +293,10 @@ template <typename Fmt, typename FmtB>
 constexpr bool grouped_q4_0_or_q8_0() {
   return std::is_same_v<Fmt, FmtB> && (std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ8_0>);
 }
-// Resident blocks its launch bound asks for: 2, at most 128 registers (q4_0 98, q8_0 126). q4_0
-// at 3 blocks (80 registers) spilled and measured 9.7% slower than the copy stages.
+// Resident blocks its launch bound asks for: 2, at most 128 registers (124-128 with the next
+// item's words loaded as the current one's are read). q4_0 at 3 blocks (80 registers) spilled
+// and measured 9.7% slower than the copy stages; capped at 1 block (room for the next chained
+// kernel's blocks) Llama-3-8B Q4_0 measured 25% slower, Q8_0 7.5%.
 constexpr int kInterleavedMinBlocks = 2;
 
 // f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
@@ -374,32 +430,26 @@ __global__ void __launch_bounds__(kGroupedThreads,
   // lane has none). The parts start at whole tiles of the layout (launch_grouped checks).
   constexpr bool kInterleaved = kStages == 0;
   static_assert(!kInterleaved || grouped_q4_0_or_q8_0<Fmt, FmtB>());
-  constexpr int kWords = Fmt::kGroupBytes / 16;  // 16-byte words a group
   uint32_t g[kInterleaved ? group_words<Fmt>() : 1];
-  auto load_item = [&](int i) {
+  auto item_address = [&](int i) {
+    WordAddress a;
     if constexpr (kInterleaved) {
-      if (i >= items) return;
+      if (i >= items) return a;
       const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
       const int group = chunk * kLanesPerRow + li, row = first_row_of(task) + slot;
-      if (group >= groups || row >= rows) return;
+      if (group >= groups || row >= rows) return a;
       int part, local;
       seg.locate(row, part, local);
-      const uint4* w = reinterpret_cast<const uint4*>(GroupedSegments::pick(seg.w, part));
-      const int64_t first = interleaved_word(local, group, 0, groups, kWords);
-      const int64_t step = interleaved_word(local, group, 1, groups, kWords) - first;  // from word k to k + 1
-#pragma unroll
-      for (int k = 0; k < kWords; ++k) {
-        const uint4 v = __ldcs(w + first + k * step);  // read once a step
-        g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
-      }
+      a = interleaved_group<Fmt>(GroupedSegments::pick(seg.w, part), local, group, groups);
     }
+    return a;
   };
 
   // This warp's first chunk of weights and its norm weights (no kernel of the step writes
   // them), then x, which the kernels before produce, into shared memory, padded per group
   // (all threads).
   if constexpr (kInterleaved)
-    load_item(0);
+    load_words<Fmt>(g, item_address(0));
   else
     issue(0);
   constexpr int kSteps = kLanesPerRow <= 16 ? kPairF32Steps : kF32Steps;  // <= 16 groups: see dispatch_grouped
@@ -441,12 +491,14 @@ __global__ void __launch_bounds__(kGroupedThreads,
       if (target && target != GroupedSegments::pick(seg.y, part)) accumulate_old = target[local];
     }
     if constexpr (kInterleaved) {
+      const WordAddress next = item_address(i + 1);  // its words replace this item's as they are read
       if (group < groups && row < rows) {
         const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
         const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
-        accumulate_group_words<Fmt>(g, xg, dg, acc);
+        accumulate_group_words_reloading<Fmt>(g, xg, dg, acc, next);
+      } else {
+        load_words<Fmt>(g, next);
       }
-      load_item(i + 1);  // into the registers just read
     } else {
       cp_async_wait<kStages - 1>();  // item i has landed (this lane's copies) ...
       __syncwarp();                  // ... and every lane's
