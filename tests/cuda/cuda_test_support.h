@@ -145,13 +145,13 @@ inline std::vector<uint8_t> random_rows(std::mt19937_64& rng, GgmlType type, int
   return data;
 }
 
-// rows x cols weights of `type` (host, block layout) on the device, permuted into the
+// rows x cols weights of `type` (host, block layout, packed rows) on the device, permuted into the
 // interleaved layout and registered (decode_layout.h; unregister_interleaved when done).
 inline DeviceBuffer to_device_interleaved(GgmlType type, const std::vector<uint8_t>& host, int64_t rows, int64_t cols) {
   DeviceBuffer w = to_device(host);
   const Status s = interleave_in_place(type, w.as(), rows, cols, nullptr);
   EXPECT_TRUE(s.ok()) << s.message();
-  register_interleaved(w.as(), host.size());
+  register_interleaved(w.as(), size_t(rows * (cols / traits(type).block_size) * traits(type).type_size));
   return w;
 }
 

@@ -40,7 +40,7 @@ TEST_P(DecodeLayoutReaders, DequantizeRowsReadsTheLayout) {
   const Shape c = GetParam();
   SCOPED_TRACE(std::string(type_name(c.type)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols));
   std::mt19937_64 rng(uint64_t(c.rows * 131 + c.cols));
-  const int64_t row_bytes = c.cols / 32 * int64_t(traits(c.type).type_size);
+  const int64_t row_bytes = c.cols / int64_t(traits(c.type).block_size) * int64_t(traits(c.type).type_size);
   const std::vector<uint8_t> host = random_rows(rng, c.type, c.rows, c.cols, row_bytes);
   const DeviceBuffer plain = to_device(host), permuted = to_device_interleaved(c.type, host, c.rows, c.cols);
   const int64_t tile_rows = 32 / interleave_lanes(c.cols / 256);
@@ -87,7 +87,7 @@ TEST_P(DecodeLayoutReaders, GroupedProductsReadTheLayout) {
   const Shape c = GetParam();
   SCOPED_TRACE(std::string(type_name(c.type)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols));
   std::mt19937_64 rng(uint64_t(c.rows * 17 + c.cols));
-  const int64_t row_bytes = c.cols / 32 * int64_t(traits(c.type).type_size);
+  const int64_t row_bytes = c.cols / int64_t(traits(c.type).block_size) * int64_t(traits(c.type).type_size);
   const std::vector<uint8_t> host = random_rows(rng, c.type, c.rows, c.cols, row_bytes);
   const DeviceBuffer plain = to_device(host), x_d = to_device(random_floats(rng, size_t(c.cols), -2.0f, 2.0f));
   DeviceBuffer xq_d(size_t(c.cols)), xds_d(size_t(c.cols / 32) * 8);
@@ -120,7 +120,8 @@ TEST_P(DecodeLayoutReaders, GroupedProductsReadTheLayout) {
 INSTANTIATE_TEST_SUITE_P(Shapes, DecodeLayoutReaders,
                          ::testing::Values(Shape{GgmlType::Q4_0, 64, 4096}, Shape{GgmlType::Q8_0, 64, 4096},
                                            Shape{GgmlType::Q4_0, 24, 14336}, Shape{GgmlType::Q8_0, 10, 14336},
-                                           Shape{GgmlType::Q4_0, 18, 3840}, Shape{GgmlType::Q8_0, 40, 2048}));
+                                           Shape{GgmlType::Q4_0, 18, 3840}, Shape{GgmlType::Q8_0, 40, 2048},
+                                           Shape{GgmlType::Q4_K, 64, 4096}, Shape{GgmlType::Q4_K, 10, 14336}));
 
 }  // namespace
 }  // namespace kiln::cuda
@@ -128,9 +129,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DecodeLayoutReaders,
 namespace kiln::testing {
 namespace {
 
-// 16 greedy steps of tiny256 with its q4_0 / q8_0 weights in the block layout and in the
-// interleaved layout (every matrix that can take it, however narrow): the same tokens and the
-// same logits, bit for bit.
+// 16 greedy steps of tiny256 with its q4_0 / q8_0 / q4_K weights in the block layout and in
+// the interleaved layout (every matrix that can take it, however narrow; Q4_K_M's second layer
+// keeps q / k / v in blocks, for its q6_K v): the same tokens and the same logits, bit for bit.
 void expect_same_decode(const char* model) {
   KILN_REQUIRE_GPU();
   KILN_REQUIRE_TESTDATA(gguf_path, std::string("quant/models/") + model);
@@ -144,7 +145,7 @@ void expect_same_decode(const char* model) {
   all_interleaved.interleaved_min_cols = 0;
   bool took_layout = false;
   const OptionDecode interleaved = decode_with_options(*file, all_interleaved, prompt, GgmlType::F32, [&](const Model& m) {
-    took_layout = cuda::is_interleaved(m.weights().layers[0].ffn_down.data, 1);
+    took_layout = cuda::is_interleaved(m.weights().layers[0].ffn_gate.data, 1);
   });
   EXPECT_TRUE(took_layout) << "the weights were not permuted into the layout";
   EXPECT_EQ(interleaved.tokens, plain.tokens);
@@ -153,6 +154,7 @@ void expect_same_decode(const char* model) {
 
 TEST(DecodeLayoutModel, Tiny256Q4_0DecodesTheSame) { expect_same_decode("tiny256-Q4_0.gguf"); }
 TEST(DecodeLayoutModel, Tiny256Q8_0DecodesTheSame) { expect_same_decode("tiny256-Q8_0.gguf"); }
+TEST(DecodeLayoutModel, Tiny256Q4_K_MDecodesTheSame) { expect_same_decode("tiny256-Q4_K_M.gguf"); }
 
 }  // namespace
 }  // namespace kiln::testing

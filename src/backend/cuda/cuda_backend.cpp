@@ -176,14 +176,16 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
   device_allocations_.push_back(p);
   stage_upload(info.data, p, info.bytes);
   t.data = p;
-  interleave(t);
+  if (can_interleave(t)) interleave(t);
   return t;
 }
 
+bool CudaBackend::can_interleave(const Tensor& weight) const {
+  return options_.interleaved_decode && weight.ne[0] >= options_.interleaved_min_cols && weight.ne[2] == 1 &&
+         weight.ne[3] == 1 && cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]);
+}
+
 void CudaBackend::interleave(const Tensor& weight) {
-  if (!options_.interleaved_decode || weight.ne[0] < options_.interleaved_min_cols || weight.ne[2] != 1 ||
-      weight.ne[3] != 1 || !cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]))
-    return;
   if (const cuda::Status s = cuda::interleave_in_place(weight.dtype, weight.data, weight.ne[1], weight.ne[0], stream_);
       !s.ok())
     fail("cuda backend: the interleaved layout of {}: {}", weight.name, s.message());
@@ -214,8 +216,14 @@ std::vector<Tensor> CudaBackend::weights_side_by_side(std::span<const gguf::Tens
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].data = static_cast<uint8_t*>(p) + offsets[i];
     stage_upload(infos[i]->data, out[i].data, infos[i]->bytes);
-    interleave(out[i]);
   }
+  // Weights loaded side by side are multiplied in one launch, which reads one layout: all of
+  // them take the interleaved one, or none (Q4_K_M's q4_K q / k with a q6_K v keep the blocks,
+  // read by the two-format kernel).
+  bool all_interleave = true;
+  for (const Tensor& t : out) all_interleave = all_interleave && can_interleave(t) && t.dtype == out[0].dtype;
+  if (all_interleave)
+    for (const Tensor& t : out) interleave(t);
   return out;
 }
 

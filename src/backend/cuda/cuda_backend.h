@@ -56,8 +56,8 @@ struct CudaOptions {
   // (matvec_grouped_glu.cu): the kernel's copy stages per warp (2 or 1), or 0: the glu as
   // its own kernel. KILN_CUDA_GLU_EPILOGUE_Q8=N (0..2) sets it.
   int int8_glu_epilogue = 2;
-  // q4_0 / q8_0 weights are permuted at load into the warp-interleaved layout that the decode
-  // products load straight into registers (decode_layout.h; prefill's dequantization and
+  // q4_0 / q8_0 / q4_K weights are permuted at load into the warp-interleaved layout that the
+  // decode products load straight into registers (decode_layout.h; prefill's dequantization and
   // get_rows read it too). KILN_CUDA_INTERLEAVED=0 keeps the block layout.
   bool interleaved_decode = true;
   // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
@@ -147,8 +147,10 @@ class CudaBackend final : public Backend {
   void* scratch(Scratch& s, size_t bytes);
   // Host -> device through the pinned staging buffer (weights: chunked, synchronous).
   void stage_upload(const void* host, void* dst, size_t bytes);
-  // With options_.interleaved_decode: an uploaded weight permuted into the interleaved layout
-  // where it can take it (decode_layout.h), registered until the backend is destroyed.
+  // Whether an uploaded weight takes the interleaved layout (decode_layout.h; with
+  // options_.interleaved_decode), and its permutation into it, registered until the backend is
+  // destroyed.
+  bool can_interleave(const Tensor& weight) const;
   void interleave(const Tensor& weight);
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);

@@ -19,6 +19,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_backend_checks.h"
+#include "backend/cuda/decode_layout.h"
 #include "backend/cuda/matvec_f16_grouped.h"
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/rope_store.h"
@@ -164,6 +165,14 @@ PartFormats part_formats(std::span<const Backend::MatmulPart> parts) {
   PartFormats f{};
   for (size_t i = 0; i < parts.size(); ++i) f[i] = {parts[i].w->dtype, int64_t(parts[i].w->nb[1])};
   return f;
+}
+
+// Whether a part's weights are in the interleaved layout (decode_layout.h), which the
+// two-format kernel does not read: such parts run as one launch per type.
+bool any_interleaved(std::span<const Backend::MatmulPart> parts) {
+  for (const Backend::MatmulPart& p : parts)
+    if (cuda::is_interleaved(p.w->data, p.w->bytes())) return true;
+  return false;
 }
 
 // Whether the launches include f16 / bf16 weights (which take x in f32, never its int8 copy).
@@ -419,7 +428,7 @@ void CudaBackend::rmsnorm_matmul_parts(const Tensor& x, const Tensor& norm_weigh
   const GroupedParts all = grouped_parts(parts);
   const PartFormats formats = part_formats(parts);
   const size_t n_parts = parts.size();
-  const bool mixed = options_.mixed_parts && launches.n == 2 &&
+  const bool mixed = options_.mixed_parts && launches.n == 2 && !any_interleaved(parts) &&
                      cuda::matvec_mixed_f32_fit(K, all.view(all.mv), std::span(formats.data(), n_parts), in);
 
   const int64_t xs = int64_t(x.nb[1] / 4), ns = int64_t(normed.nb[1] / 4);

@@ -13,7 +13,7 @@ namespace {
 
 constexpr int64_t kGroupWeights = 256;
 
-int64_t group_words(GgmlType type) { return type == GgmlType::Q4_0 ? 9 : 17; }
+int64_t group_words(GgmlType type) { return type == GgmlType::Q8_0 ? 17 : 9; }  // q4_0, q4_K: 144 bytes
 
 // One thread per 16-byte word of the source: its row, group and word within the group give
 // its place in the layout.
@@ -34,14 +34,14 @@ std::map<const uint8_t*, size_t> g_matrices;  // first byte -> size
 }  // namespace
 
 bool interleavable(GgmlType type, int64_t rows, int64_t cols) {
-  if (type != GgmlType::Q4_0 && type != GgmlType::Q8_0) return false;
+  if (!interleaved_type(type)) return false;
   if (cols <= 0 || cols % kGroupWeights != 0 || rows <= 0) return false;
   return rows % (detail::kWarpSize / interleave_lanes(cols / kGroupWeights)) == 0;
 }
 
 Status interleave_in_place(GgmlType type, void* w, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (!interleavable(type, rows, cols))
-    return Status::invalid("interleave_in_place: only q4_0 / q8_0 rows of whole 256-weight groups, in whole tiles of "
+    return Status::invalid("interleave_in_place: only q4_0 / q8_0 / q4_K rows of whole 256-weight groups, in whole tiles of "
                            "rows");
   const int64_t groups = cols / kGroupWeights;
   const int64_t words = rows * groups * group_words(type);

@@ -1,10 +1,11 @@
 #pragma once
-// The warp-interleaved layout of q4_0 / q8_0 weights, which the int8 decode products read.
+// The warp-interleaved layout of q4_0 / q8_0 / q4_K weights, which the int8 decode products
+// read.
 //
-// The grouped decode kernel (matvec_grouped_kernel.cuh) gives each lane one group of 8 blocks
-// (256 weights: 144 bytes of q4_0, 272 of q8_0) of a row per item. In the GGUF block layout a
-// lane's group is contiguous, so a warp can only read its groups coalesced by copying them
-// through shared memory (the kernel's copy stages). In this layout the same bytes are
+// The grouped decode kernel (matvec_grouped_kernel.cuh) gives each lane one group of 256
+// weights of a row per item (8 blocks of q4_0, 144 bytes, or of q8_0, 272; one q4_K block,
+// 144). In the GGUF block layout a lane's group is contiguous, so a warp can only read its
+// groups coalesced by copying them through shared memory (the kernel's copy stages). In this layout the same bytes are
 // permuted so that a warp's 16-byte load k brings word k of every lane's group from
 // consecutive addresses: the lanes load their groups straight into registers, coalesced.
 //
@@ -15,12 +16,13 @@
 // of row slot s, chunk lane li is at k*S*G + s*G + li. A permutation within each row block, so
 // weights loaded side by side keep their offsets.
 //
-// The backend permutes q4_0 / q8_0 matrices in place at load (CudaOptions::interleaved_decode,
-// on by default; KILN_CUDA_INTERLEAVED=0 turns it off) and registers them here. The readers
+// The backend permutes q4_0 / q8_0 / q4_K matrices in place at load
+// (CudaOptions::interleaved_decode, on by default; KILN_CUDA_INTERLEAVED=0 turns it off) and
+// registers them here. The readers
 // that know the layout (the grouped products, the int8 glu kernel, dequantize_rows for
 // prefill's slabs and get_rows) look their weights up by address; every other reader of
-// q4_0 / q8_0 weights refuses registered ones rather than read them as blocks.
-// Measured: Llama-3-8B tg128 Q8_0 +3.2%, Q4_0 +1.2% (docs/perf-notes.md, round 14).
+// these types refuses registered ones rather than read them as blocks.
+// Measured: Llama-3-8B tg128 Q8_0 +3.8%, Q4_0 +1.1% (docs/perf-notes.md, round 14).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -49,8 +51,12 @@ constexpr int64_t interleaved_word(int64_t row, int64_t group, int k, int64_t gr
          slot * chunk_groups + (int(group) & (lanes - 1));
 }
 
-// Whether a rows x cols matrix of `type` can take the layout: q4_0 / q8_0, whole groups of
-// 256 weights, whole tiles of rows.
+// The types the layout takes: groups of 256 weights in whole 16-byte words.
+constexpr bool interleaved_type(GgmlType type) {
+  return type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K;
+}
+// Whether a rows x cols matrix of `type` can take the layout: an interleaved_type, whole
+// groups of 256 weights, whole tiles of rows.
 bool interleavable(GgmlType type, int64_t rows, int64_t cols);
 
 // Permutes w's rows x cols weights (device memory) into the layout, through a temporary copy

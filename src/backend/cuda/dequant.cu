@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kDequantThreads)
                                       static_cast<typename Store<kOut>::T*>(dst) + r * dst_stride);
 }
 
-// Rows of a q4_0 / q8_0 matrix in the interleaved layout (decode_layout.h; `matrix` is its
+// Rows of a q4_0 / q8_0 / q4_K matrix in the interleaved layout (decode_layout.h; `matrix` is its
 // first byte, source rows count from its row `first_row`): each block first gathers its
 // source row's words back into the block layout in shared memory, then decodes as above.
 template <typename Fmt, OutType kOut, bool kVectorStore>
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kDequantThreads)
     dequant_interleaved_kernel(const uint4* __restrict__ matrix, int64_t first_row, int64_t cols,
                                const int32_t* __restrict__ ids, int64_t src_rows, void* dst, int64_t dst_stride) {
   extern __shared__ uint4 row_s[];
-  constexpr int kWords = Fmt::kBytes * 8 / 16;  // a group of 8 blocks
+  constexpr int kWords = 256 / Fmt::kElems * Fmt::kBytes / 16;  // a group of 256 weights
   const int64_t r = blockIdx.x;
   const int64_t sr = source_row(ids, r, src_rows);
   const int64_t groups = cols / 256, row_words = groups * kWords;
@@ -169,7 +169,7 @@ bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t
 template <typename Fmt, OutType kOut>
 Status launch_interleaved(const DequantArgs& a, const uint8_t* matrix, int64_t first_row, bool vector_store,
                           cudaStream_t stream) {
-  const size_t smem = size_t(a.cols) / 256 * (Fmt::kBytes * 8);
+  const size_t smem = size_t(a.cols) / Fmt::kElems * Fmt::kBytes;  // one row in the block layout
   constexpr auto vector_kernel = dequant_interleaved_kernel<Fmt, kOut, true>;
   constexpr auto scalar_kernel = dequant_interleaved_kernel<Fmt, kOut, false>;
   const auto kernel = vector_store ? vector_kernel : scalar_kernel;
@@ -186,7 +186,7 @@ Status launch_interleaved(const DequantArgs& a, const uint8_t* matrix, int64_t f
 // slab of weights loaded side by side may cross from one matrix into the next. With ids (a
 // gather) the ids count rows from src, all in its matrix.
 Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStream_t stream) {
-  if (a.src_row_bytes != a.cols / 256 * int64_t(traits(a.type).type_size) * 8)
+  if (a.src_row_bytes != a.cols / int64_t(traits(a.type).block_size) * int64_t(traits(a.type).type_size))
     return Status::invalid("dequantize: rows of interleaved weights must be packed (" +
                            std::to_string(a.src_row_bytes) + " bytes a row of " + std::to_string(a.cols) + ")");
   DequantArgs run = a;
@@ -203,7 +203,8 @@ Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStrea
     Status s;
     visit_quant_format(a.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
-      if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_0>> || std::is_same_v<Fmt, Format<GgmlType::Q8_0>>) {
+      if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_0>> || std::is_same_v<Fmt, Format<GgmlType::Q8_0>> ||
+                    std::is_same_v<Fmt, Format<GgmlType::Q4_K>>) {  // interleaved_type
         switch (a.out) {
           case OutType::F32: s = launch_interleaved<Fmt, OutType::F32>(run, base, first_row, vector_store, stream); break;
           case OutType::BF16:
@@ -212,7 +213,7 @@ Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStrea
           case OutType::F16: s = launch_interleaved<Fmt, OutType::F16>(run, base, first_row, vector_store, stream); break;
         }
       } else {
-        s = Status::invalid("dequantize: only q4_0 / q8_0 weights take the interleaved layout");
+        s = Status::invalid("dequantize: only q4_0 / q8_0 / q4_K weights take the interleaved layout");
       }
     });
     if (!s.ok()) return s;
@@ -245,8 +246,7 @@ Status dequantize_rows(const DequantArgs& a, cudaStream_t stream) {
   const int out_size = a.out == OutType::F32 ? 4 : 2;
   const bool vector_store = reinterpret_cast<uintptr_t>(a.dst) % 16 == 0 && (a.dst_stride * out_size) % 16 == 0;
   const int64_t span_rows = a.ids ? a.src_rows : a.rows;
-  if ((a.type == GgmlType::Q4_0 || a.type == GgmlType::Q8_0) &&
-      is_interleaved(a.src, size_t(span_rows) * size_t(a.src_row_bytes)))
+  if (interleaved_type(a.type) && is_interleaved(a.src, size_t(span_rows) * size_t(a.src_row_bytes)))
     return detail::dequantize_interleaved(a, vector_store, stream);
   switch (a.out) {
     case OutType::F32: return detail::launch_dequant<OutType::F32>(a, vector_store, stream);

@@ -199,7 +199,7 @@ Status launch_glu_interleaved(const GluProducts& p, const F32Input& in, const Pa
 template <typename Fmt>
 Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   const size_t span = size_t(p.rows) * size_t(p.w_row_bytes);
-  if constexpr (grouped_q4_0_or_q8_0<Fmt, Fmt>()) {
+  if constexpr (grouped_interleavable<Fmt, Fmt>()) {
     const size_t tile = size_t(kWarpSize / interleave_lanes(p.groups)) * size_t(p.w_row_bytes);
     if (interleaved_tiles(p.w[0], span, tile) && interleaved_tiles(p.w[1], span, tile) &&
         p.w_row_bytes == p.groups * Fmt::kGroupBytes)

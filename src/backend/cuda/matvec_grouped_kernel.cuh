@@ -56,6 +56,10 @@ __device__ __forceinline__ uint32_t half_at(const uint32_t (&g)[N], int b) {
 struct GroupQ4_0 {
   static constexpr int kBlockBytes = 18;
   static constexpr int kGroupBytes = kBlockBytes * kGroupBlocks;
+  // The last block j that reads 16-byte word k (blocks of kBlockBytes in a row).
+  static constexpr int last_block_reading(int k) {
+    return (16 * k + 15) / kBlockBytes < kGroupBlocks - 1 ? (16 * k + 15) / kBlockBytes : kGroupBlocks - 1;
+  }
   template <int N>
   __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
     const int base = kBlockBytes * j;
@@ -75,6 +79,10 @@ struct GroupQ4_0 {
 struct GroupQ8_0 {
   static constexpr int kBlockBytes = 34;
   static constexpr int kGroupBytes = kBlockBytes * kGroupBlocks;
+  // The last block j that reads 16-byte word k (blocks of kBlockBytes in a row).
+  static constexpr int last_block_reading(int k) {
+    return (16 * k + 15) / kBlockBytes < kGroupBlocks - 1 ? (16 * k + 15) / kBlockBytes : kGroupBlocks - 1;
+  }
   template <int N>
   __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
     const int base = kBlockBytes * j;
@@ -109,8 +117,12 @@ struct GroupQ4_K {
       min = (byte_at(g, 8 + j) >> 4) | ((byte_at(g, 4 + j) >> 6) << 4);
     }
     const float d = half_to_float(g[0]), dmin = half_to_float(g[0] >> 16);
-    return d * float(scale) * ds.x * float(sum) - dmin * float(min) * ds.y;
+    return __fsub_rn(__fmul_rn(__fmul_rn(__fmul_rn(d, float(scale)), ds.x), float(sum)),  // as GroupQ4_0
+                     __fmul_rn(__fmul_rn(dmin, float(min)), ds.y));
   }
+  // The last block j that reads 16-byte word k: word 0 (d, dmin, the scales) serves all eight,
+  // words 1 + 2p and 2 + 2p the nibbles of blocks 2p and 2p + 1.
+  static constexpr int last_block_reading(int k) { return k == 0 ? kGroupBlocks - 1 : 2 * ((k - 1) / 2) + 1; }
 };
 
 // A q6_K super-block: 128 bytes of low nibbles (ql), 64 bytes of high 2-bit pairs (qh), 16
@@ -250,12 +262,6 @@ __device__ __forceinline__ void load_words(uint32_t (&g)[group_words<Fmt>()], co
 #pragma unroll
   for (int k = 0; k < Fmt::kGroupBytes / 16; ++k) load_word<Fmt>(g, a, k);
 }
-// The last block of a group that reads its word k.
-template <typename Fmt>
-constexpr int last_block_of_word(int k) {
-  const int b = (16 * k + 15) / Fmt::kBlockBytes;
-  return b < kGroupBlocks - 1 ? b : kGroupBlocks - 1;
-}
 // accumulate_group_words, with each word of g reloaded from `next` (the next item's group;
 // null: none) right after the last block that reads it: the next item's loads are in flight
 // while this item's blocks are dotted, in the registers the group already takes.
@@ -273,7 +279,7 @@ __device__ __forceinline__ void accumulate_group_words_reloading(uint32_t (&g)[g
       acc = __fadd_rn(acc, Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w)));
 #pragma unroll
       for (int k = 0; k < Fmt::kGroupBytes / 16; ++k)
-        if (last_block_of_word<Fmt>(k) == j + h && next.first) load_word<Fmt>(g, next, k);
+        if (Fmt::last_block_reading(k) == j + h && next.first) load_word<Fmt>(g, next, k);
     }
   }
 }
@@ -285,10 +291,16 @@ __device__ __forceinline__ void accumulate_group(const uint8_t* group, const int
   accumulate_group_words<Fmt>(g, xg, dg, acc);
 }
 
-// Launches of one format, q4_0 or q8_0: the only ones with the interleaved mode of the kernel
-// below (kStages == 0: the weights are in the layout of decode_layout.h, so a lane loads its group
-// with coalesced 16-byte loads straight into registers, and the blocks hold no copy stages,
-// only x, in shared memory), and the only ones that read the residual's old value early.
+// Launches of one format that the layout of decode_layout.h takes (q4_0, q8_0, q4_K): the only
+// ones with the interleaved mode of the kernel below (kStages == 0: a lane loads its group with
+// coalesced 16-byte loads straight into registers, and the blocks hold no copy stages, only x,
+// in shared memory).
+template <typename Fmt, typename FmtB>
+constexpr bool grouped_interleavable() {
+  return std::is_same_v<Fmt, FmtB> &&
+         (std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ8_0> || std::is_same_v<Fmt, GroupQ4_K>);
+}
+// Launches of one format, q4_0 or q8_0: the only ones that read the residual's old value early.
 template <typename Fmt, typename FmtB>
 constexpr bool grouped_q4_0_or_q8_0() {
   return std::is_same_v<Fmt, FmtB> && (std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ8_0>);
@@ -429,7 +441,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   // Interleaved mode: item i's group of this lane from the layout into g (nothing where the
   // lane has none). The parts start at whole tiles of the layout (launch_grouped checks).
   constexpr bool kInterleaved = kStages == 0;
-  static_assert(!kInterleaved || grouped_q4_0_or_q8_0<Fmt, FmtB>());
+  static_assert(!kInterleaved || grouped_interleavable<Fmt, FmtB>());
   uint32_t g[kInterleaved ? group_words<Fmt>() : 1];
   auto item_address = [&](int i) {
     WordAddress a;
@@ -617,7 +629,7 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   int blocks_per_sm = 0, sms = 0;
-  if constexpr (grouped_q4_0_or_q8_0<Fmt, FmtB>()) {
+  if constexpr (grouped_interleavable<Fmt, FmtB>()) {
     const int64_t groups = cols / kGroupElems;
     if (w_row_bytes == groups * Fmt::kGroupBytes &&
         interleaved_segments(seg, total_rows, w_row_bytes, kWarpSize / interleave_lanes(groups))) {
