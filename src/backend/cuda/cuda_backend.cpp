@@ -51,6 +51,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_FUSED", "0")) options_.fused = false;
   if (cuda::env_is("KILN_CUDA_MIXED_PARTS", "0")) options_.mixed_parts = false;
   if (cuda::env_is("KILN_CUDA_INTERLEAVED", "0")) options_.interleaved_decode = false;
+  if (cuda::env_is("KILN_CUDA_INTERLEAVED", "2")) options_.interleaved_q4_k = true;
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
   if (const int e = cuda::env_int("KILN_CUDA_HALF_EPILOGUE", -1); e >= 0 && e <= 3) options_.half_epilogues = e;
@@ -181,8 +182,9 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
 }
 
 bool CudaBackend::can_interleave(const Tensor& weight) const {
-  return options_.interleaved_decode && weight.ne[0] >= options_.interleaved_min_cols && weight.ne[2] == 1 &&
-         weight.ne[3] == 1 && cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]);
+  return options_.interleaved_decode && (weight.dtype != GgmlType::Q4_K || options_.interleaved_q4_k) &&
+         weight.ne[0] >= options_.interleaved_min_cols && weight.ne[2] == 1 && weight.ne[3] == 1 &&
+         cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]);
 }
 
 void CudaBackend::interleave(const Tensor& weight) {

@@ -56,10 +56,13 @@ struct CudaOptions {
   // (matvec_grouped_glu.cu): the kernel's copy stages per warp (2 or 1), or 0: the glu as
   // its own kernel. KILN_CUDA_GLU_EPILOGUE_Q8=N (0..2) sets it.
   int int8_glu_epilogue = 2;
-  // q4_0 / q8_0 / q4_K weights are permuted at load into the warp-interleaved layout that the
-  // decode products load straight into registers (decode_layout.h; prefill's dequantization and
-  // get_rows read it too). KILN_CUDA_INTERLEAVED=0 keeps the block layout.
+  // q4_0 / q8_0 weights are permuted at load into the warp-interleaved layout that the decode
+  // products load straight into registers (decode_layout.h; prefill's dequantization and
+  // get_rows read it too); with interleaved_q4_k, q4_K weights too (off: Llama-3-8B Q4_K_M
+  // decode measured 3.8% slower with it, Qwen3-30B-A3B 0.5% faster; docs/perf-notes.md, round
+  // 14). KILN_CUDA_INTERLEAVED=0 keeps the block layout, =2 adds q4_K.
   bool interleaved_decode = true;
+  bool interleaved_q4_k = false;
   // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
   // 8 lanes a row, which read the layout slower than the copy stages (docs/perf-notes.md).
   int64_t interleaved_min_cols = 2304;

@@ -16,8 +16,8 @@
 // of row slot s, chunk lane li is at k*S*G + s*G + li. A permutation within each row block, so
 // weights loaded side by side keep their offsets.
 //
-// The backend permutes q4_0 / q8_0 / q4_K matrices in place at load
-// (CudaOptions::interleaved_decode, on by default; KILN_CUDA_INTERLEAVED=0 turns it off) and
+// The backend permutes q4_0 / q8_0 matrices in place at load (CudaOptions::interleaved_decode,
+// on by default; KILN_CUDA_INTERLEAVED=0 turns it off; q4_K ones with interleaved_q4_k) and
 // registers them here. The readers
 // that know the layout (the grouped products, the int8 glu kernel, dequantize_rows for
 // prefill's slabs and get_rows) look their weights up by address; every other reader of
