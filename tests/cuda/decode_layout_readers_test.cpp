@@ -31,6 +31,8 @@ using namespace kiln::cuda::testing;
 struct Shape {
   GgmlType type;
   int64_t rows, cols;
+  int64_t row_bytes() const { return cols / int64_t(traits(type).block_size) * int64_t(traits(type).type_size); }
+  std::string name() const { return std::string(type_name(type)) + " " + std::to_string(rows) + "x" + std::to_string(cols); }
 };
 
 class DecodeLayoutReaders : public ::testing::TestWithParam<Shape> {};
@@ -38,9 +40,9 @@ class DecodeLayoutReaders : public ::testing::TestWithParam<Shape> {};
 TEST_P(DecodeLayoutReaders, DequantizeRowsReadsTheLayout) {
   KILN_REQUIRE_GPU();
   const Shape c = GetParam();
-  SCOPED_TRACE(std::string(type_name(c.type)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols));
+  SCOPED_TRACE(c.name());
   std::mt19937_64 rng(uint64_t(c.rows * 131 + c.cols));
-  const int64_t row_bytes = c.cols / int64_t(traits(c.type).block_size) * int64_t(traits(c.type).type_size);
+  const int64_t row_bytes = c.row_bytes();
   const std::vector<uint8_t> host = random_rows(rng, c.type, c.rows, c.cols, row_bytes);
   const DeviceBuffer plain = to_device(host), permuted = to_device_interleaved(c.type, host, c.rows, c.cols);
   const int64_t tile_rows = 32 / interleave_lanes(c.cols / 256);
@@ -85,9 +87,9 @@ TEST_P(DecodeLayoutReaders, DequantizeRowsReadsTheLayout) {
 TEST_P(DecodeLayoutReaders, GroupedProductsReadTheLayout) {
   KILN_REQUIRE_GPU();
   const Shape c = GetParam();
-  SCOPED_TRACE(std::string(type_name(c.type)) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols));
+  SCOPED_TRACE(c.name());
   std::mt19937_64 rng(uint64_t(c.rows * 17 + c.cols));
-  const int64_t row_bytes = c.cols / int64_t(traits(c.type).block_size) * int64_t(traits(c.type).type_size);
+  const int64_t row_bytes = c.row_bytes();
   const std::vector<uint8_t> host = random_rows(rng, c.type, c.rows, c.cols, row_bytes);
   const DeviceBuffer plain = to_device(host), x_d = to_device(random_floats(rng, size_t(c.cols), -2.0f, 2.0f));
   DeviceBuffer xq_d(size_t(c.cols)), xds_d(size_t(c.cols / 32) * 8);

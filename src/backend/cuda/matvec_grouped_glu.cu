@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
       if (li < p.groups) {
         const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
         const float4* dg = reinterpret_cast<const float4*>(ds_s + li * kDsGroupBytes);
-        accumulate_group_words_reloading<Fmt>(g, xg, dg, acc, next);
+        accumulate_group_words<Fmt, true>(g, xg, dg, acc, next);
       }
     } else {
       if constexpr (kStages > 1) issue(i + 1);

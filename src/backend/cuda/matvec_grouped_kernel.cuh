@@ -222,22 +222,6 @@ struct SecondFormat {
   __device__ __forceinline__ bool has(int part) const { return (parts >> part) & 1u; }
 };
 
-// One lane's group (its bytes at `group` in the stage) dotted with the group's int8 x and
-// scales in shared memory, added to acc.
-template <typename Fmt>
-__device__ __forceinline__ void accumulate_group_words(const uint32_t (&g)[group_words<Fmt>()], const int4* xg,
-                                                       const float4* dg, float& acc) {
-#pragma unroll
-  for (int j = 0; j < kGroupBlocks; j += 2) {
-    const float4 d2 = dg[j / 2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int4 a = xg[2 * (j + h)], b = xg[2 * (j + h) + 1];
-      const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      acc = __fadd_rn(acc, Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w)));
-    }
-  }
-}
 // A group in the interleaved layout (decode_layout.h): where word k of this lane's group sits
 // (words k at first + k * step), or null where the lane has none.
 struct WordAddress {
@@ -262,13 +246,14 @@ __device__ __forceinline__ void load_words(uint32_t (&g)[group_words<Fmt>()], co
 #pragma unroll
   for (int k = 0; k < Fmt::kGroupBytes / 16; ++k) load_word<Fmt>(g, a, k);
 }
-// accumulate_group_words, with each word of g reloaded from `next` (the next item's group;
-// null: none) right after the last block that reads it: the next item's loads are in flight
-// while this item's blocks are dotted, in the registers the group already takes.
-template <typename Fmt>
-__device__ __forceinline__ void accumulate_group_words_reloading(uint32_t (&g)[group_words<Fmt>()], const int4* xg,
-                                                                 const float4* dg, float& acc,
-                                                                 const WordAddress& next) {
+// One lane's group in registers dotted with the group's int8 x and scales in shared memory,
+// added to acc. With kReload, each word of g is then reloaded from `next` (the next item's
+// group in the interleaved layout; null: none) right after the last block that reads it: the
+// next item's loads are in flight while this item's blocks are dotted, in the registers the
+// group already takes.
+template <typename Fmt, bool kReload = false>
+__device__ __forceinline__ void accumulate_group_words(uint32_t (&g)[group_words<Fmt>()], const int4* xg,
+                                                       const float4* dg, float& acc, const WordAddress& next = {}) {
 #pragma unroll
   for (int j = 0; j < kGroupBlocks; j += 2) {
     const float4 d2 = dg[j / 2];
@@ -277,13 +262,16 @@ __device__ __forceinline__ void accumulate_group_words_reloading(uint32_t (&g)[g
       const int4 a = xg[2 * (j + h)], b = xg[2 * (j + h) + 1];
       const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
       acc = __fadd_rn(acc, Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w)));
+      if constexpr (kReload) {
 #pragma unroll
-      for (int k = 0; k < Fmt::kGroupBytes / 16; ++k)
-        if (Fmt::last_block_reading(k) == j + h && next.first) load_word<Fmt>(g, next, k);
+        for (int k = 0; k < Fmt::kGroupBytes / 16; ++k)
+          if (Fmt::last_block_reading(k) == j + h && next.first) load_word<Fmt>(g, next, k);
+      }
     }
   }
 }
 
+// One lane's group (its bytes at `group` in the stage) dotted as above.
 template <typename Fmt>
 __device__ __forceinline__ void accumulate_group(const uint8_t* group, const int4* xg, const float4* dg, float& acc) {
   uint32_t g[group_words<Fmt>()];
@@ -507,7 +495,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
       if (group < groups && row < rows) {
         const int4* xg = reinterpret_cast<const int4*>(x_s + group * kXGroupBytes);
         const float4* dg = reinterpret_cast<const float4*>(ds_s + group * kDsGroupBytes);
-        accumulate_group_words_reloading<Fmt>(g, xg, dg, acc, next);
+        accumulate_group_words<Fmt, true>(g, xg, dg, acc, next);
       } else {
         load_words<Fmt>(g, next);
       }
