@@ -32,18 +32,24 @@ struct Shape {
   GgmlType type;
   int64_t rows, cols;
   int64_t row_bytes() const { return cols / int64_t(traits(type).block_size) * int64_t(traits(type).type_size); }
-  std::string name() const { return std::string(type_name(type)) + " " + std::to_string(rows) + "x" + std::to_string(cols); }
+  std::string name() const {  // a test name's part: letters, digits, underscores
+    return std::string(type_name(type)) + "_" + std::to_string(rows) + "x" + std::to_string(cols);
+  }
 };
 
-class DecodeLayoutReaders : public ::testing::TestWithParam<Shape> {};
+// Each test: the shape's weights, random, in the block layout (host).
+class DecodeLayoutReaders : public ::testing::TestWithParam<Shape> {
+ protected:
+  void SetUp() override {
+    KILN_REQUIRE_GPU();
+    host = random_rows(rng, c.type, c.rows, c.cols, c.row_bytes());
+  }
+  const Shape c = GetParam();
+  std::mt19937_64 rng{uint64_t(c.rows * 131 + c.cols)};
+  std::vector<uint8_t> host;
+};
 
 TEST_P(DecodeLayoutReaders, DequantizeRowsReadsTheLayout) {
-  KILN_REQUIRE_GPU();
-  const Shape c = GetParam();
-  SCOPED_TRACE(c.name());
-  std::mt19937_64 rng(uint64_t(c.rows * 131 + c.cols));
-  const int64_t row_bytes = c.row_bytes();
-  const std::vector<uint8_t> host = random_rows(rng, c.type, c.rows, c.cols, row_bytes);
   const DeviceBuffer plain = to_device(host), permuted = to_device_interleaved(c.type, host, c.rows, c.cols);
   const int64_t tile_rows = 32 / interleave_lanes(c.cols / 256);
   const std::vector<int32_t> ids = {5 % int32_t(c.rows), 0, int32_t(c.rows - 1), -1, int32_t(c.rows), 2};
@@ -57,7 +63,8 @@ TEST_P(DecodeLayoutReaders, DequantizeRowsReadsTheLayout) {
     DeviceBuffer dst(out_bytes);
     dst.poison();
     DequantArgs a;
-    a.type = c.type, a.src = static_cast<const uint8_t*>(w.as()) + first * row_bytes, a.src_row_bytes = row_bytes;
+    a.type = c.type, a.src = static_cast<const uint8_t*>(w.as()) + first * c.row_bytes();
+    a.src_row_bytes = c.row_bytes();
     a.rows = n, a.cols = c.cols, a.dst = dst.as(), a.dst_stride = c.cols, a.out = out;
     if (gather) a.ids = ids_d.as<int32_t>(), a.src_rows = c.rows;
     const Status s = dequantize_rows(a, nullptr);
@@ -85,13 +92,8 @@ TEST_P(DecodeLayoutReaders, DequantizeRowsReadsTheLayout) {
 }
 
 TEST_P(DecodeLayoutReaders, GroupedProductsReadTheLayout) {
-  KILN_REQUIRE_GPU();
-  const Shape c = GetParam();
-  SCOPED_TRACE(c.name());
-  std::mt19937_64 rng(uint64_t(c.rows * 17 + c.cols));
-  const int64_t row_bytes = c.row_bytes();
-  const std::vector<uint8_t> host = random_rows(rng, c.type, c.rows, c.cols, row_bytes);
-  const DeviceBuffer plain = to_device(host), x_d = to_device(random_floats(rng, size_t(c.cols), -2.0f, 2.0f));
+  const DeviceBuffer x_d = to_device(random_floats(rng, size_t(c.cols), -2.0f, 2.0f));
+  const DeviceBuffer plain = to_device(host);
   DeviceBuffer xq_d(size_t(c.cols)), xds_d(size_t(c.cols / 32) * 8);
   const Q8Vector xq{xq_d.as<int8_t>(), xds_d.as<float2>(), c.cols};
   KILN_STATUS_OK(quantize_q8(x_d.as<float>(), c.cols, xq, nullptr));
@@ -100,9 +102,9 @@ TEST_P(DecodeLayoutReaders, GroupedProductsReadTheLayout) {
     DeviceBuffer y_d(size_t(c.rows) * 4);
     y_d.poison();
     MatvecPart part;
-    part.w = static_cast<const uint8_t*>(w.as()) + first_row * row_bytes, part.rows = c.rows - first_row;
+    part.w = static_cast<const uint8_t*>(w.as()) + first_row * c.row_bytes(), part.rows = c.rows - first_row;
     part.y = y_d.as<float>();
-    const Status s = matvec_q8_parts(c.type, c.cols, row_bytes, std::span(&part, 1), xq, nullptr);
+    const Status s = matvec_q8_parts(c.type, c.cols, c.row_bytes(), std::span(&part, 1), xq, nullptr);
     if (s.ok()) {
       EXPECT_EQ(cudaSuccess, cudaDeviceSynchronize());
       y = to_host<float>(y_d, size_t(part.rows));
@@ -123,7 +125,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DecodeLayoutReaders,
                          ::testing::Values(Shape{GgmlType::Q4_0, 64, 4096}, Shape{GgmlType::Q8_0, 64, 4096},
                                            Shape{GgmlType::Q4_0, 24, 14336}, Shape{GgmlType::Q8_0, 10, 14336},
                                            Shape{GgmlType::Q4_0, 18, 3840}, Shape{GgmlType::Q8_0, 40, 2048},
-                                           Shape{GgmlType::Q4_K, 64, 4096}, Shape{GgmlType::Q4_K, 10, 14336}));
+                                           Shape{GgmlType::Q4_K, 64, 4096}, Shape{GgmlType::Q4_K, 10, 14336}),
+                         [](const ::testing::TestParamInfo<Shape>& info) { return info.param.name(); });
 
 }  // namespace
 }  // namespace kiln::cuda
@@ -146,9 +149,10 @@ void expect_same_decode(const char* model) {
   CudaOptions all_interleaved;
   all_interleaved.interleaved_min_cols = 0, all_interleaved.interleaved_q4_k = true;
   bool took_layout = false;
-  const OptionDecode interleaved = decode_with_options(*file, all_interleaved, prompt, GgmlType::F32, [&](const Model& m) {
+  auto check_layout = [&](const Model& m) {
     took_layout = cuda::is_interleaved(m.weights().layers[0].ffn_gate.data, 1);
-  });
+  };
+  const OptionDecode interleaved = decode_with_options(*file, all_interleaved, prompt, GgmlType::F32, check_layout);
   EXPECT_TRUE(took_layout) << "the weights were not permuted into the layout";
   EXPECT_EQ(interleaved.tokens, plain.tokens);
   EXPECT_TRUE(cuda::testing::all_equal_bits(interleaved.logits, plain.logits, "logits"));

@@ -41,8 +41,8 @@ bool interleavable(GgmlType type, int64_t rows, int64_t cols) {
 
 Status interleave_in_place(GgmlType type, void* w, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (!interleavable(type, rows, cols))
-    return Status::invalid("interleave_in_place: only q4_0 / q8_0 / q4_K rows of whole 256-weight groups, in whole tiles of "
-                           "rows");
+    return Status::invalid("interleave_in_place: only q4_0 / q8_0 / q4_K rows of whole 256-weight groups, in whole "
+                           "tiles of rows");
   const int64_t groups = cols / kGroupWeights;
   const int64_t words = rows * groups * group_words(type);
   void* copy = nullptr;

@@ -206,18 +206,23 @@ Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStrea
       if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_0>> || std::is_same_v<Fmt, Format<GgmlType::Q8_0>> ||
                     std::is_same_v<Fmt, Format<GgmlType::Q4_K>>) {  // interleaved_type
         switch (a.out) {
-          case OutType::F32: s = launch_interleaved<Fmt, OutType::F32>(run, base, first_row, vector_store, stream); break;
+          case OutType::F32:
+            s = launch_interleaved<Fmt, OutType::F32>(run, base, first_row, vector_store, stream);
+            break;
           case OutType::BF16:
             s = launch_interleaved<Fmt, OutType::BF16>(run, base, first_row, vector_store, stream);
             break;
-          case OutType::F16: s = launch_interleaved<Fmt, OutType::F16>(run, base, first_row, vector_store, stream); break;
+          case OutType::F16:
+            s = launch_interleaved<Fmt, OutType::F16>(run, base, first_row, vector_store, stream);
+            break;
         }
       } else {
         s = Status::invalid("dequantize: only q4_0 / q8_0 / q4_K weights take the interleaved layout");
       }
     });
     if (!s.ok()) return s;
-    run.dst = static_cast<uint8_t*>(run.dst) + size_t(run.rows) * size_t(a.dst_stride) * (a.out == OutType::F32 ? 4 : 2);
+    const size_t out_size = a.out == OutType::F32 ? 4 : 2;
+    run.dst = static_cast<uint8_t*>(run.dst) + size_t(run.rows) * size_t(a.dst_stride) * out_size;
     done += run.rows;
   }
   return Status();

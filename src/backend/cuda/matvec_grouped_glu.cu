@@ -206,7 +206,8 @@ Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& 
       return launch_glu_interleaved<Fmt>(p, in, ep, stream);
   }
   if (is_interleaved(p.w[0], span) || is_interleaved(p.w[1], span))
-    return Status::invalid("matvec (glu): gate / up are in the interleaved layout, and this launch cannot read them so");
+    return Status::invalid("matvec (glu): gate / up are in the interleaved layout, and this launch cannot read them "
+                           "so");
   if (ep.glu.stages == 1) return launch_glu_stages<Fmt, 1>(p, in, ep, stream);
   return launch_glu_stages<Fmt, 2>(p, in, ep, stream);
 }

@@ -630,7 +630,8 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
       return launch_status("matvec_grouped_kernel (interleaved)");
     }
   }
-  if (Status s = refuse_interleaved(seg, total_rows, w_row_bytes); !s.ok()) return s;  // e.g. a q8_0 part of a mixed launch
+  // E.g. a q4_K part in the layout in a two-format launch.
+  if (Status s = refuse_interleaved(seg, total_rows, w_row_bytes); !s.ok()) return s;
   // Rows of one chunk are one item a task: where every task fits a warp of the one-stage
   // kernel's resident blocks, each warp has a single item.
   if constexpr (kLanesPerRow <= 16) {
