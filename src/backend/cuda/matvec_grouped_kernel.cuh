@@ -54,6 +54,8 @@ __device__ __forceinline__ uint32_t half_at(const uint32_t (&g)[N], int b) {
 
 // Block j of a group in registers, dotted with the 8 words of int8 x of that block.
 struct GroupQ4_0 {
+  // Rounded explicitly (dot and sum over blocks): formats of the interleaved layout.
+  static constexpr bool kExactSum = true;
   static constexpr int kBlockBytes = 18;
   static constexpr int kGroupBytes = kBlockBytes * kGroupBlocks;
   // The last block j that reads 16-byte word k (blocks of kBlockBytes in a row).
@@ -77,6 +79,8 @@ struct GroupQ4_0 {
 };
 
 struct GroupQ8_0 {
+  // Rounded explicitly (dot and sum over blocks): formats of the interleaved layout.
+  static constexpr bool kExactSum = true;
   static constexpr int kBlockBytes = 34;
   static constexpr int kGroupBytes = kBlockBytes * kGroupBlocks;
   // The last block j that reads 16-byte word k (blocks of kBlockBytes in a row).
@@ -97,6 +101,8 @@ struct GroupQ8_0 {
 // then 128 bytes of nibbles: bytes 32p..32p+31 hold sub-block 2p in their low nibbles and
 // sub-block 2p+1 in their high ones. Sub-block j is d*scale_j*q - dmin*min_j.
 struct GroupQ4_K {
+  // Rounded explicitly (dot and sum over blocks): formats of the interleaved layout.
+  static constexpr bool kExactSum = true;
   static constexpr int kGroupBytes = 144;
   template <int N>
   __device__ static int byte_at(const uint32_t (&g)[N], int b) {
@@ -145,6 +151,8 @@ struct GroupQ4_K {
 // A row's chunks stay 16-byte multiples only when its super-blocks are a multiple of 8
 // (cols % 2048 == 0): matvec_grouped_fits checks it.
 struct GroupQ6_K {
+  // Not in the interleaved layout: the compiler may contract the sum over blocks.
+  static constexpr bool kExactSum = false;
   static constexpr int kGroupBytes = 210;
   static constexpr int kWords = 53;  // 52.5 words; the last one's upper half is not read
   __device__ static void load(const uint8_t* group, uint32_t (&g)[kWords]) {
@@ -261,7 +269,11 @@ __device__ __forceinline__ void accumulate_group_words(uint32_t (&g)[group_words
     for (int h = 0; h < 2; ++h) {
       const int4 a = xg[2 * (j + h)], b = xg[2 * (j + h) + 1];
       const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      acc = __fadd_rn(acc, Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w)));
+      const float dot = Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w));
+      if constexpr (Fmt::kExactSum)
+        acc = __fadd_rn(acc, dot);  // the interleaved and copy-stage paths give the same bits
+      else
+        acc += dot;
       if constexpr (kReload) {
 #pragma unroll
         for (int k = 0; k < Fmt::kGroupBytes / 16; ++k)
