@@ -1,5 +1,5 @@
-// The warp-interleaved layout of q4_0 / q8_0 weights (see decode_layout.h): the permuting
-// kernel and the registry of matrices in the layout.
+// The warp-interleaved layout of q4_0 / q8_0 / q4_K weights (see decode_layout.h): the
+// permuting kernel and the registry of matrices in the layout.
 #include "backend/cuda/decode_layout.h"
 
 #include <algorithm>

@@ -5,9 +5,10 @@
 // The grouped decode kernel (matvec_grouped_kernel.cuh) gives each lane one group of 256
 // weights of a row per item (8 blocks of q4_0, 144 bytes, or of q8_0, 272; one q4_K block,
 // 144). In the GGUF block layout a lane's group is contiguous, so a warp can only read its
-// groups coalesced by copying them through shared memory (the kernel's copy stages). In this layout the same bytes are
-// permuted so that a warp's 16-byte load k brings word k of every lane's group from
-// consecutive addresses: the lanes load their groups straight into registers, coalesced.
+// groups coalesced by copying them through shared memory (the kernel's copy stages). In this
+// layout the same bytes are permuted so that a warp's 16-byte load k brings word k of every
+// lane's group from consecutive addresses: the lanes load their groups straight into
+// registers, coalesced.
 //
 // Layout (16-byte words; W = 9 or 17 words a group, L lanes a row: 16 for rows of at most 16
 // groups, two rows a tile, else 32, one row a tile; S = 32 / L rows a tile): the rows' bytes
@@ -18,10 +19,9 @@
 //
 // The backend permutes q4_0 / q8_0 matrices in place at load (CudaOptions::interleaved_decode,
 // on by default; KILN_CUDA_INTERLEAVED=0 turns it off; q4_K ones with interleaved_q4_k) and
-// registers them here. The readers
-// that know the layout (the grouped products, the int8 glu kernel, dequantize_rows for
-// prefill's slabs and get_rows) look their weights up by address; every other reader of
-// these types refuses registered ones rather than read them as blocks.
+// registers them here. The readers that know the layout (the grouped products, the int8 glu
+// kernel, dequantize_rows for prefill's slabs and get_rows) look their weights up by address;
+// every other reader of these types refuses registered ones rather than read them as blocks.
 // Measured: Llama-3-8B tg128 Q8_0 +3.8%, Q4_0 +1.1% (docs/perf-notes.md, round 14).
 #include <cuda_runtime_api.h>
 
