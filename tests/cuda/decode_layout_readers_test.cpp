@@ -51,7 +51,7 @@ class DecodeLayoutReaders : public ::testing::TestWithParam<Shape> {
 
 TEST_P(DecodeLayoutReaders, DequantizeRowsReadsTheLayout) {
   const DeviceBuffer plain = to_device(host), permuted = to_device_interleaved(c.type, host, c.rows, c.cols);
-  const int64_t tile_rows = 32 / interleave_lanes(c.cols / 256);
+  const int64_t tile_rows = interleave_tile_rows(c.cols / 256);
   const std::vector<int32_t> ids = {5 % int32_t(c.rows), 0, int32_t(c.rows - 1), -1, int32_t(c.rows), 2};
   const DeviceBuffer ids_d = to_device(ids);
 
@@ -116,7 +116,7 @@ TEST_P(DecodeLayoutReaders, GroupedProductsReadTheLayout) {
   const DeviceBuffer interleaved = to_device_interleaved(c.type, host, c.rows, c.cols);
   KILN_STATUS_OK(run(interleaved, 0, got));
   EXPECT_TRUE(all_equal_bits(got, want, "products from the interleaved layout"));
-  if (32 / interleave_lanes(c.cols / 256) > 1)
+  if (interleave_tile_rows(c.cols / 256) > 1)
     EXPECT_FALSE(run(interleaved, 1, got).ok()) << "a part starting inside a tile";
   unregister_interleaved(interleaved.as());
 }

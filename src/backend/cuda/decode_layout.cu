@@ -36,7 +36,7 @@ std::map<const uint8_t*, size_t> g_matrices;  // first byte -> size
 bool interleavable(GgmlType type, int64_t rows, int64_t cols) {
   if (!interleaved_type(type)) return false;
   if (cols <= 0 || cols % kGroupWeights != 0 || rows <= 0) return false;
-  return rows % (detail::kWarpSize / interleave_lanes(cols / kGroupWeights)) == 0;
+  return rows % interleave_tile_rows(cols / kGroupWeights) == 0;
 }
 
 Status interleave_in_place(GgmlType type, void* w, int64_t rows, int64_t cols, cudaStream_t stream) {

@@ -37,6 +37,8 @@ namespace kiln::cuda {
 // (two rows a tile), else 32 (one row a tile). A kernel with another number of lanes a row
 // reads it too: interleaved_word gives every word's place.
 constexpr int interleave_lanes(int64_t groups) { return groups <= 16 ? 16 : 32; }
+// Rows a tile of the layout holds (the slots of a warp): 2 or 1.
+constexpr int interleave_tile_rows(int64_t groups) { return 32 / interleave_lanes(groups); }
 
 // Where word k (16 bytes) of group `group` of row `row` lies in a matrix in the layout whose
 // rows have `groups` groups of `words` words, in words from the matrix's start.
@@ -74,9 +76,5 @@ bool interleaved_matrix(const void* p, const uint8_t*& base, size_t& bytes);
 // (tile_bytes: a tile's rows) from its start: what a product reading the layout needs.
 bool interleaved_tiles(const void* p, size_t span, size_t tile_bytes);
 
-// The tile of rows of a matrix of `cols` weights a row, in bytes (interleaved_tiles' tile_bytes).
-inline size_t interleave_tile_bytes(int64_t cols, int64_t row_bytes) {
-  return size_t(32 / interleave_lanes(cols / 256)) * size_t(row_bytes);
-}
 
 }  // namespace kiln::cuda

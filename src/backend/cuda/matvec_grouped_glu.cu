@@ -200,7 +200,7 @@ template <typename Fmt>
 Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   const size_t span = size_t(p.rows) * size_t(p.w_row_bytes);
   if constexpr (grouped_interleavable<Fmt, Fmt>()) {
-    const size_t tile = size_t(kWarpSize / interleave_lanes(p.groups)) * size_t(p.w_row_bytes);
+    const size_t tile = size_t(interleave_tile_rows(p.groups)) * size_t(p.w_row_bytes);
     if (interleaved_tiles(p.w[0], span, tile) && interleaved_tiles(p.w[1], span, tile) &&
         p.w_row_bytes == p.groups * Fmt::kGroupBytes)
       return launch_glu_interleaved<Fmt>(p, in, ep, stream);

@@ -632,7 +632,7 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   if constexpr (grouped_interleavable<Fmt, FmtB>()) {
     const int64_t groups = cols / kGroupElems;
     if (w_row_bytes == groups * Fmt::kGroupBytes &&
-        interleaved_segments(seg, total_rows, w_row_bytes, kWarpSize / interleave_lanes(groups))) {
+        interleaved_segments(seg, total_rows, w_row_bytes, interleave_tile_rows(groups))) {
       constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
       if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
