@@ -57,6 +57,7 @@ class Model {
   Model(Backend& backend) : backend_(backend) {}
   // Host work of a pass (slots, uploads of the batch description) up to the architecture.
   ForwardPass begin_pass(const Batch& batch, KvCache& cache, bool tokens_on_device);
+  void upload_index(ForwardPass& pass, const Batch& batch, int64_t n_out);
 
   Backend& backend_;
   const Architecture* arch_ = nullptr;
@@ -65,7 +66,7 @@ class Model {
   ScratchPool scratch_;
   DebugHook hook_;
   // Host staging of the batch description, reused across calls.
-  std::vector<int32_t> host_rows_, host_slots_;
+  std::vector<int32_t> host_rows_, host_slots_, host_index_;
   struct PendingGreedy {
     uint64_t ticket = 0;
     int64_t n_outputs = 0;

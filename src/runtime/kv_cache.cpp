@@ -88,6 +88,7 @@ void KvCache::reserve(int seq, int64_t new_length) {
     free_blocks_.pop_back();
     host_tables_[size_t(seq) * size_t(max_blocks_per_seq_) + s.blocks.size()] = b;
     s.blocks.push_back(b);
+    tables_changed_ = true;
   }
   s.length = std::max(s.length, new_length);
 }
@@ -119,7 +120,11 @@ KvLayer KvCache::layer(int il) const {
 }
 
 void KvCache::sync(Backend& backend) {
+  // Most decode steps take no new block: then the device copy is already right, and skipping
+  // the upload saves a copy operation between two steps.
+  if (!tables_changed_) return;
   backend.upload(host_tables_.data(), device_tables_, host_tables_.size() * sizeof(int32_t));
+  tables_changed_ = false;
 }
 
 }  // namespace kiln

@@ -60,6 +60,7 @@ class KvCache {
   bool has_recurrent_state() const { return recurrent_ != nullptr; }
   // Device copy of the block tables: I32 {max_blocks_per_seq, max_seqs}, row = sequence.
   const Tensor& block_tables() const { return device_tables_; }
+  // Uploads the block tables if a block was taken since the last sync.
   void sync(Backend& backend);
 
  private:
@@ -77,6 +78,7 @@ class KvCache {
   std::vector<Sequence> seqs_;
   std::vector<int32_t> free_blocks_;
   std::vector<int32_t> host_tables_;
+  bool tables_changed_ = true;  // the device copy starts uninitialized
   std::unique_ptr<Buffer> tables_buffer_;
   Tensor device_tables_;
   std::unique_ptr<RecurrentState> recurrent_;  // hybrid models only
