@@ -199,46 +199,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
         s[nb][e] = v;
         tile_max[r] = fmaxf(tile_max[r], v);
       }
-    float rescale[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(kFullMask, tile_max[r], 2));
-      const float m_new = fmaxf(m[r], tile_max[r]);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
-      rescale[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - base);
-      m[r] = m_new;
-      l[r] *= rescale[r];
-#pragma unroll
-      for (int nb = 0; nb < kKeys / 8; ++nb)
-#pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[nb][e] = exp2f(s[nb][e] - base);  // -inf gives 0
-          l[r] += s[nb][e];
-        }
-    }
-#pragma unroll
-    for (int nb = 0; nb < D / 8; ++nb) {
-      o[nb][0] *= rescale[0], o[nb][1] *= rescale[0];
-      o[nb][2] *= rescale[1], o[nb][3] *= rescale[1];
-    }
-
-    // O += P V: P's A fragments are the score accumulators of two neighbouring key pieces;
-    // V's B fragments come from transposing ldmatrix: matrices of keys kk*16 + 0/8 x dims
-    // nb*8 and nb*8 + 8, so one load serves two 8-wide output pieces.
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint32_t pf[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int nb = 0; nb < D / 8; nb += 2) {
-        uint32_t vf[4];
-        ldmatrix_x4_trans(vf, v_cur + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRow + nb * 8 + (lane / 16) * 8);
-        mma_f16(o[nb], pf, vf[0], vf[1]);
-        mma_f16(o[nb + 1], pf, vf[2], vf[3]);
-      }
-    }
+    online_softmax_step<kKeys, D>(s, tile_max, m, l, o);
+    accumulate_pv<kKeys, D>(o, s, v_cur, lane);
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 

@@ -1,7 +1,8 @@
 #pragma once
 // What the prefill attention kernels (v6: prefill_attention.cu, v8: prefill_attention_v8.cu)
-// share: the f16 tensor-core product, ldmatrix loads, 16-byte async copies, f16 packing,
-// the cache slot of a key and the order in which query blocks go out.
+// share: the f16 tensor-core product, ldmatrix loads, 16-byte async copies, f16 packing, a
+// tile's online-softmax step and P V product, the cache slot of a key and the order in which
+// query blocks go out.
 //
 // Fragments follow mma.m16n8k16 (row.col, f16 in, f32 accumulate): lane = 4 * g + t holds
 // rows g and g + 8, columns 2t, 2t + 1 (and + 8) of each 16 x 16 / 16 x 8 piece.
@@ -56,6 +57,61 @@ __device__ __forceinline__ void store4(__half* dst, float4 v) {
   *reinterpret_cast<uint2*>(dst) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
 }
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// One tile of the online softmax, per warp: s holds the tile's scores of this lane's two rows
+// (log2 units, hidden keys -inf) and tile_max their maxima over this lane. Each row's maximum
+// over its quad becomes the running maximum m; l and o are rescaled to it, and s becomes
+// exp2(s - m) (the tile's P), its sum added to l.
+template <int kKeys, int D>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kKeys / 8][4], float (&tile_max)[2], float (&m)[2],
+                                                    float (&l)[2], float (&o)[D / 8][4]) {
+  float rescale[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(detail::kFullMask, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(detail::kFullMask, tile_max[r], 2));
+    const float m_new = fmaxf(m[r], tile_max[r]);
+    const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet
+    rescale[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - base);
+    m[r] = m_new;
+    l[r] *= rescale[r];
+#pragma unroll
+    for (int nb = 0; nb < kKeys / 8; ++nb)
+#pragma unroll
+      for (int e = 2 * r; e < 2 * r + 2; ++e) {
+        s[nb][e] = exp2f(s[nb][e] - base);  // -inf gives 0
+        l[r] += s[nb][e];
+      }
+  }
+#pragma unroll
+  for (int nb = 0; nb < D / 8; ++nb) {
+    o[nb][0] *= rescale[0], o[nb][1] *= rescale[0];
+    o[nb][2] *= rescale[1], o[nb][3] *= rescale[1];
+  }
+}
+
+// O += P V over one tile of kKeys keys: P's A fragments are the score accumulators of two
+// neighbouring key pieces; V's B fragments (v: the tile's rows of D + kPad f16) come from
+// transposing ldmatrix: matrices of keys kk*16 + 0/8 x dims nb*8 and nb*8 + 8, so one load
+// serves two 8-wide output pieces.
+template <int kKeys, int D>
+__device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float (&s)[kKeys / 8][4], const __half* v,
+                                              int lane) {
+  constexpr int kRow = D + kPad;
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    const uint32_t pf[4] = {pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+                            pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                            pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int nb = 0; nb < D / 8; nb += 2) {
+      uint32_t vf[4];
+      ldmatrix_x4_trans(vf, v + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRow + nb * 8 + (lane / 16) * 8);
+      mma_f16(o[nb], pf, vf[0], vf[1]);
+      mma_f16(o[nb + 1], pf, vf[2], vf[3]);
+    }
+  }
+}
 
 // The cache slot of `key`: its block from the sequence's table, then the offset in it
 // (block_shift >= 0: the block size is 1 << block_shift).
