@@ -162,10 +162,14 @@ __global__ void __launch_bounds__(kGroupedThreads,
 // h-blocks over 132 blocks, 52 of them taking a fourth), so the grid is ceil(h-blocks / rounds)
 // and every block takes the same number: Q8_0 step 2.537 -> 2.519 ms. Two or more per
 // multiprocessor keep every slot (q4_0: 264 blocks, 184 taking two; 224 blocks of two each
-// measured 0.3% slower, q4_K 0.3% faster). KILN_CUDA_GLU_ROUNDS=r sets r (0: the default).
-int glu_rounds(int h_blocks, int blocks_per_sm, int sms) {
+// measured 0.3% slower, q4_K 0.3% faster). KILN_CUDA_GLU_ROUNDS=r sets r (0: the default),
+// for the interleaved launch too.
+int glu_forced_rounds() {
   static const int forced = std::max(0, env_int("KILN_CUDA_GLU_ROUNDS", 0));
-  if (forced > 0) return forced;
+  return forced;
+}
+int glu_rounds(int h_blocks, int blocks_per_sm, int sms) {
+  if (glu_forced_rounds() > 0) return glu_forced_rounds();
   if (blocks_per_sm > 1) return 1;
   return (h_blocks + sms - 1) / sms;
 }
@@ -191,8 +195,8 @@ Status launch_glu_interleaved(const GluProducts& p, const F32Input& in, const Pa
   int blocks_per_sm = 0, sms = 0;
   if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
   const int h_blocks = p.rows / kGluBlockValues, resident = blocks_per_sm * sms;
-  const int rounds = (h_blocks + resident - 1) / resident;
-  launch_chained(kernel, (h_blocks + rounds - 1) / rounds, kGroupedThreads, smem, stream, p, in, ep);
+  const int rounds = glu_forced_rounds() > 0 ? glu_forced_rounds() : (h_blocks + resident - 1) / resident;
+  launch_chained(kernel, min((h_blocks + rounds - 1) / rounds, resident), kGroupedThreads, smem, stream, p, in, ep);
   return launch_status("matvec_glu_kernel (interleaved)");
 }
 
