@@ -186,8 +186,11 @@ Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpi
   return launch_status(kStages == 1 ? "matvec_glu_kernel (one stage)" : "matvec_glu_kernel");
 }
 
-// The interleaved mode, where gate and up are both in the layout: every resident block, with
-// the h-blocks spread evenly (rounds = the fewest that cover them).
+// The interleaved mode, where gate and up are both in the layout. q4_0 / q4_K: the h-blocks
+// spread evenly over the fewest rounds that cover them (Llama-3-8B: 224 blocks of two). q8_0:
+// every resident block, dealt the h-blocks in turn (264 blocks: 184 take two, 80 one), so that
+// no multiprocessor runs a single block. Measured in one call (docs/perf-notes.md, round 15):
+// Q8_0 2.417 -> 2.399 ms a step with every block, Q4_0 1.664 -> 1.674 (slower).
 template <typename Fmt>
 Status launch_glu_interleaved(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   constexpr auto kernel = matvec_glu_kernel<Fmt, 0>;
@@ -195,7 +198,8 @@ Status launch_glu_interleaved(const GluProducts& p, const F32Input& in, const Pa
   int blocks_per_sm = 0, sms = 0;
   if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
   const int h_blocks = p.rows / kGluBlockValues, resident = blocks_per_sm * sms;
-  const int rounds = glu_forced_rounds() > 0 ? glu_forced_rounds() : (h_blocks + resident - 1) / resident;
+  const int even_rounds = std::is_same_v<Fmt, GroupQ8_0> ? 1 : (h_blocks + resident - 1) / resident;
+  const int rounds = glu_forced_rounds() > 0 ? glu_forced_rounds() : even_rounds;
   launch_chained(kernel, min((h_blocks + rounds - 1) / rounds, resident), kGroupedThreads, smem, stream, p, in, ep);
   return launch_status("matvec_glu_kernel (interleaved)");
 }
