@@ -137,7 +137,6 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
   const int pos[2] = {a.first_position + q0 + row0, a.first_position + q0 + row0 + 8};
   const int first_row_position = a.first_position + q0;        // the block's first query
   const int last_row_position = a.first_position + last_token;  // and its last
-  constexpr float kLog2e = 1.4426950408889634f;
   const float scale_log2 = a.scale * kLog2e;
   const float scale_over_cap = a.softcap > 0.0f ? a.scale / a.softcap : 0.0f;
   const float cap_log2 = a.softcap * kLog2e;
@@ -204,27 +203,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
-  // Each row's sum over its quad, the sink, then the normalized output.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = l[r];
-    sum += __shfl_xor_sync(kFullMask, sum, 1);
-    sum += __shfl_xor_sync(kFullMask, sum, 2);
-    float factor = 1.0f;
-    if (a.sinks) {  // m is in log2 units
-      const float sink = a.sinks[head] * kLog2e;
-      const float m_final = fmaxf(m[r], sink);
-      factor = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_final);
-      sum = sum * factor + exp2f(sink - m_final);
-    }
-    const float inv = sum > 0.0f ? factor / sum : 0.0f;
-    const int token = q0 + row0 + 8 * r;
-    if (token >= a.n_tokens) continue;
-    float* out = a.out + int64_t(token) * a.out_stride + int64_t(head) * D + 2 * t;
-#pragma unroll
-    for (int nb = 0; nb < D / 8; ++nb)
-      *reinterpret_cast<float2*>(out + nb * 8) = make_float2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
-  }
+  store_normalized_rows<D>(a, head, q0 + row0, t, m, l, o);
 }
 
 template <int D, typename KV>

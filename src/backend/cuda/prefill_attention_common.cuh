@@ -1,8 +1,8 @@
 #pragma once
 // What the prefill attention kernels (v6: prefill_attention.cu, v8: prefill_attention_v8.cu)
 // share: the f16 tensor-core product, ldmatrix loads, 16-byte async copies, f16 packing, a
-// tile's online-softmax step and P V product, the cache slot of a key and the order in which
-// query blocks go out.
+// tile's online-softmax step and P V product, the normalized store of a warp's rows, the
+// cache slot of a key and the order in which query blocks go out.
 //
 // Fragments follow mma.m16n8k16 (row.col, f16 in, f32 accumulate): lane = 4 * g + t holds
 // rows g and g + 8, columns 2t, 2t + 1 (and + 8) of each 16 x 16 / 16 x 8 piece.
@@ -16,6 +16,7 @@
 namespace kiln::cuda::prefill_detail {
 
 constexpr int kPad = 8;  // f16 elements after each shared row: rows start 4 banks apart
+constexpr float kLog2e = 1.4426950408889634f;  // scores and maxima are kept in log2 units
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -110,6 +111,35 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float 
       mma_f16(o[nb], pf, vf[0], vf[1]);
       mma_f16(o[nb + 1], pf, vf[2], vf[3]);
     }
+  }
+}
+
+// The end of a warp's two rows (query rows first_row and first_row + 8): each row's sum over
+// its quad, the sink (m and the sink in log2 units), then the output normalized by it; rows
+// past the last token are not stored.
+template <int D>
+__device__ __forceinline__ void store_normalized_rows(const PrefillAttentionArgs& a, int head, int first_row, int t,
+                                                      const float (&m)[2], const float (&l)[2],
+                                                      const float (&o)[D / 8][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(detail::kFullMask, sum, 1);
+    sum += __shfl_xor_sync(detail::kFullMask, sum, 2);
+    float factor = 1.0f;
+    if (a.sinks) {
+      const float sink = a.sinks[head] * kLog2e;
+      const float m_final = fmaxf(m[r], sink);
+      factor = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_final);
+      sum = sum * factor + exp2f(sink - m_final);
+    }
+    const float inv = sum > 0.0f ? factor / sum : 0.0f;
+    const int token = first_row + 8 * r;
+    if (token >= a.n_tokens) continue;
+    float* out = a.out + int64_t(token) * a.out_stride + int64_t(head) * D + 2 * t;
+#pragma unroll
+    for (int nb = 0; nb < D / 8; ++nb)
+      *reinterpret_cast<float2*>(out + nb * 8) = make_float2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
   }
 }
 
