@@ -212,6 +212,15 @@ Tensor build_norm_moe(ForwardPass& p, int il, const Tensor& x, Tensor& normed, c
   return run_experts(p, il, normed, r.ids, r.weights, act, residual);
 }
 
+void forward_prenorm_silu(ForwardPass& p) {
+  const HParams& hp = p.hp;
+  const GluParams silu{Activation::Silu};
+  const MoeRouteParams route{hp.n_expert_used, hp.expert_gating, hp.expert_weights_norm, hp.expert_weights_scale};
+  Tensor x = build_embedding(p);  // the residual stream, updated in place
+  build_prenorm_layers(p, x, silu, route);
+  build_output(p, x);
+}
+
 void build_output(ForwardPass& p, const Tensor& x) {
   if (p.n_outputs == 0) return;
   Tensor rows = p.scratch("out_rows", p.hp.n_embd, p.n_outputs);

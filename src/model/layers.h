@@ -43,4 +43,8 @@ void build_output(ForwardPass& pass, const Tensor& x);
 // residual add with the product before it (matmul_add), so that a backend can fuse them.
 void build_prenorm_layers(ForwardPass& pass, Tensor& x, const GluParams& act, const MoeRouteParams& route);
 
+// The whole pass of the llama and qwen families: the embedding, the pre-norm stack with SiLU
+// gates (experts routed as the hyperparameters say), the head.
+void forward_prenorm_silu(ForwardPass& pass);
+
 }  // namespace kiln

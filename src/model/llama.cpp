@@ -51,17 +51,8 @@ void configure(HParams& hp, const ModelSource& source) {
   hp.expert_weights_norm = true;
 }
 
-void forward(ForwardPass& p) {
-  const HParams& hp = p.hp;
-  const GluParams silu{Activation::Silu};
-  const MoeRouteParams route{hp.n_expert_used, hp.expert_gating, hp.expert_weights_norm, hp.expert_weights_scale};
-  Tensor x = build_embedding(p);  // the residual stream, updated in place
-  build_prenorm_layers(p, x, silu, route);
-  build_output(p, x);
-}
-
 constexpr Architecture kArchitectures[] = {
-    {"llama", configure, kGlobals, kLayer, forward},
+    {"llama", configure, kGlobals, kLayer, forward_prenorm_silu},
 };
 
 }  // namespace llama_arch

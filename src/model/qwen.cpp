@@ -64,19 +64,10 @@ void configure(HParams& hp, const ModelSource& source) {
   hp.expert_weights_norm = source.get_bool(hp.arch + ".expert_weights_norm", true);
 }
 
-void forward(ForwardPass& p) {
-  const HParams& hp = p.hp;
-  const GluParams silu{Activation::Silu};
-  const MoeRouteParams route{hp.n_expert_used, hp.expert_gating, hp.expert_weights_norm, hp.expert_weights_scale};
-  Tensor x = build_embedding(p);  // the residual stream, updated in place
-  build_prenorm_layers(p, x, silu, route);
-  build_output(p, x);
-}
-
 constexpr Architecture kArchitectures[] = {
-    {"qwen2", configure, kGlobals, kQwen2Layer, forward},
-    {"qwen3", configure, kGlobals, kQwen3Layer, forward},
-    {"qwen3moe", configure, kGlobals, kQwen3MoeLayer, forward},
+    {"qwen2", configure, kGlobals, kQwen2Layer, forward_prenorm_silu},
+    {"qwen3", configure, kGlobals, kQwen3Layer, forward_prenorm_silu},
+    {"qwen3moe", configure, kGlobals, kQwen3MoeLayer, forward_prenorm_silu},
 };
 
 }  // namespace qwen_arch
