@@ -106,24 +106,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PrefillAtte
   load_tile<D, KV>(a, table, block_shift, kv_head, key_begin, key_end, k_s, v_s);
   detail::cp_async_commit();
 
-  constexpr int kQLoads = kQueryRows * D / 4 / kThreads;  // float4 per thread
-  constexpr int kQBatch = 8;
-  static_assert(kQLoads % kQBatch == 0, "whole batches of Q loads");
-#pragma unroll
-  for (int j0 = 0; j0 < kQLoads; j0 += kQBatch) {
-    float4 v[kQBatch];
-#pragma unroll
-    for (int j = 0; j < kQBatch; ++j) {
-      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
-      v[j] = q0 + r < a.n_tokens ? load4(a.q + int64_t(q0 + r) * a.q_stride + int64_t(head) * D + c)
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int j = 0; j < kQBatch; ++j) {
-      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
-      store4(q_s + r * kRow + c, v[j]);
-    }
-  }
+  stage_queries<D, kQueryRows, kThreads>(a, head, q0, q_s);
   __syncthreads();
   // The warp's Q rows as A fragments, for all of D (ldmatrix: matrices rows 0-7 / 8-15 x
   // columns kk / kk + 8).

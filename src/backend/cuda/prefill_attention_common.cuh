@@ -1,8 +1,8 @@
 #pragma once
 // What the prefill attention kernels (v6: prefill_attention.cu, v8: prefill_attention_v8.cu)
-// share: the f16 tensor-core product, ldmatrix loads, 16-byte async copies, f16 packing, a
-// tile's online-softmax step and P V product, the normalized store of a warp's rows, the
-// cache slot of a key and the order in which query blocks go out.
+// share: the f16 tensor-core product, ldmatrix loads, 16-byte async copies, f16 packing, Q's
+// rows into shared memory, a tile's online-softmax step and P V product, the normalized store
+// of a warp's rows, the cache slot of a key and the order in which query blocks go out.
 //
 // Fragments follow mma.m16n8k16 (row.col, f16 in, f32 accumulate): lane = 4 * g + t holds
 // rows g and g + 8, columns 2t, 2t + 1 (and + 8) of each 16 x 16 / 16 x 8 piece.
@@ -58,6 +58,32 @@ __device__ __forceinline__ void store4(__half* dst, float4 v) {
   *reinterpret_cast<uint2*>(dst) = make_uint2(pack_half2(v.x, v.y), pack_half2(v.z, v.w));
 }
 __device__ __forceinline__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+// The block's kRows query rows from q0 as f16 into q_s (rows of D + kPad; rows past the last
+// token zero), by kThreads threads, each issuing its float4 loads in batches of up to 8
+// before it converts them.
+template <int D, int kRows, int kThreads>
+__device__ __forceinline__ void stage_queries(const PrefillAttentionArgs& a, int head, int q0, __half* q_s) {
+  constexpr int kRow = D + kPad;
+  constexpr int kQLoads = kRows * D / 4 / kThreads;  // float4 per thread
+  constexpr int kQBatch = kQLoads < 8 ? kQLoads : 8;
+  static_assert(kQLoads % kQBatch == 0, "whole batches of Q loads");
+#pragma unroll
+  for (int j0 = 0; j0 < kQLoads; j0 += kQBatch) {
+    float4 v[kQBatch];
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
+      v[j] = q0 + r < a.n_tokens ? load4(a.q + int64_t(q0 + r) * a.q_stride + int64_t(head) * D + c)
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kQBatch; ++j) {
+      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
+      store4(q_s + r * kRow + c, v[j]);
+    }
+  }
+}
 
 // One tile of the online softmax, per warp: s holds the tile's scores of this lane's two rows
 // (log2 units, hidden keys -inf) and tile_max their maxima over this lane. Each row's maximum

@@ -170,24 +170,7 @@ __global__ void __launch_bounds__(G * kGroupThreads, 4 / G) prefill_attention_ke
     fetch_slots<D, KV>(a, table, block_shift, my_begin + (c + 1) * kStride, key_end, slots);
   }
 
-  constexpr int kQLoads = kQueryRows * D / 4 / kThreads;  // float4 per thread
-  constexpr int kQBatch = kQLoads < 8 ? kQLoads : 8;
-  static_assert(kQLoads % kQBatch == 0, "whole batches of Q loads");
-#pragma unroll
-  for (int j0 = 0; j0 < kQLoads; j0 += kQBatch) {
-    float4 v[kQBatch];
-#pragma unroll
-    for (int j = 0; j < kQBatch; ++j) {
-      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
-      v[j] = q0 + r < a.n_tokens ? load4(a.q + int64_t(q0 + r) * a.q_stride + int64_t(head) * D + c)
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int j = 0; j < kQBatch; ++j) {
-      const int i = threadIdx.x + (j0 + j) * kThreads, r = i / (D / 4), c = (i % (D / 4)) * 4;
-      store4(q_s + r * kRow + c, v[j]);
-    }
-  }
+  stage_queries<D, kQueryRows, kThreads>(a, head, q0, q_s);
   __syncthreads();  // Q, written by every group, is read by ldmatrix at every chunk
   // A fragment of the warp's rows for dims kk*16..: matrices rows 0-7 / 8-15 x columns +0 / +8.
   const __half* q_frag = q_s + (row_warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8) * kRow + (lane / 16) * 8;
