@@ -240,7 +240,9 @@ TEST_F(CudaMoe, NormRouteMatchesComposed) {
         return f;
       };
       Front gpu = make(g), cpu = make(cpu_);
-      for (int step = 0; step < 2; ++step) {
+      g.synchronize();  // the setup's uploads run as a pass of their own
+      // Each step slot's pass is captured once (step_io.h): the step after them replays one.
+      for (int step = 0; step <= cuda::StepIo::kSlots; ++step) {
         const std::string what = "D " + std::to_string(c.D) + " E " + std::to_string(c.E) + " T " +
                                  std::to_string(T) + " step " + std::to_string(step);
         const std::vector<float> x = random_floats(rng_, size_t(c.D * T), -2.0f, 2.0f);
@@ -297,9 +299,13 @@ TEST_F(CudaMoe, GraphReplayEqualsEager) {
     Problem second = first;
     std::shuffle(second.ids.begin(), second.ids.end(), rng_);  // a token may now use one expert twice: allowed
     second.x = random_floats(rng_, second.x.size(), -1.0f, 1.0f);
-    g.upload(second.ids.data(), on_graph.ids, second.ids.size() * 4);
-    g.upload(second.x.data(), on_graph.x, second.x.size() * 4);
-    const std::vector<float> replayed = on_graph.run(g, c);
+    // The same step once per step slot (each captured once, step_io.h), then once replayed.
+    std::vector<float> replayed;
+    for (int i = 0; i <= cuda::StepIo::kSlots; ++i) {
+      g.upload(second.ids.data(), on_graph.ids, second.ids.size() * 4);
+      g.upload(second.x.data(), on_graph.x, second.x.size() * 4);
+      replayed = on_graph.run(g, c);
+    }
     EXPECT_GE(g.graphs().replays(), 1) << "the second step was not replayed";
     OnBackend eager(*fast_, second);
     const std::vector<float> direct = eager.run(*fast_, c);

@@ -53,6 +53,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_INTERLEAVED", "0")) options_.interleaved_decode = false;
   if (cuda::env_is("KILN_CUDA_INTERLEAVED", "2")) options_.interleaved_q4_k = true;
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
+  if (cuda::env_is("KILN_CUDA_STEP_IO", "0")) options_.step_io_in_graph = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
   if (const int e = cuda::env_int("KILN_CUDA_HALF_EPILOGUE", -1); e >= 0 && e <= 3) options_.half_epilogues = e;
   if (const int e = cuda::env_int("KILN_CUDA_GLU_EPILOGUE_Q8", -1); e >= 0 && e <= 2) options_.int8_glu_epilogue = e;
@@ -73,11 +74,13 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
     check(cudaEventCreateWithFlags(&downloads_[i].done, cudaEventDisableTiming), "cudaEventCreate");
     downloads_[i].staged = static_cast<uint8_t*>(download_pinned_) + size_t(i) * kMaxAsyncDownloadBytes;
   }
+  if (options_.step_io_in_graph) step_io_ = std::make_unique<cuda::StepIo>();
 }
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   graphs_.reset();
+  step_io_.reset();
   if (blas_) cublasDestroy(blas_);
   for (const void* p : interleaved_) cuda::unregister_interleaved(p);
   for (void* p : device_allocations_) cudaFree(p);
@@ -243,19 +246,35 @@ Tensor CudaBackend::owned_weight(const Tensor& src, std::string_view name) {
   return t;
 }
 
+void CudaBackend::flush_graph() {
+  graphs_->flush();
+  if (step_io_) step_io_->close(stream_);
+}
+
 void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
   KILN_CHECK(dst.device == Device::Cuda, "cuda upload: {} is not device memory", dst.name);
   flush_pending();
-  graphs_->flush();  // ops recorded before this upload must see the old contents
   quantized_input_ = {};
   for (RopeTable& t : rope_tables_) t.current = false;
+  // A pass's own uploads: staged in the step slot and copied by a kernel of its graph, in
+  // order with the ops around it.
+  if (uint8_t* staged = step_io_ && bytes <= cuda::StepIo::kSlotBytes / 4 ? step_io_->reserve(bytes) : nullptr) {
+    std::memcpy(staged, host, bytes);
+    void* to = dst.data;
+    cuda::SignatureHash sig;
+    sig.bytes("upload", 6);
+    sig.pod(staged), sig.pod(to), sig.pod(bytes);
+    record(sig, 1, [=](cudaStream_t s) { return cuda::upload_step_bytes(staged, to, bytes, s); }, "upload");
+    return;
+  }
+  flush_graph();  // ops recorded before this upload must see the old contents
   if (bytes > pinned_bytes_ / 2) {
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     check(cudaMemcpy(dst.data, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
     return;
   }
-  // Small per-step uploads (tokens, positions, slots, block tables) go through a ring in the
-  // pinned buffer; synchronize() resets it once the copies are known to be done.
+  // Other small uploads go through a ring in the pinned buffer; synchronize() resets it once
+  // the copies are known to be done.
   if (pinned_used_ + bytes > pinned_bytes_) {
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     pinned_used_ = 0;
@@ -269,7 +288,7 @@ void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
 void CudaBackend::download(const Tensor& src, void* host, size_t bytes) {
   KILN_CHECK(src.device == Device::Cuda, "cuda download: {} is not device memory", src.name);
   flush_pending();
-  graphs_->flush();
+  flush_graph();
   check(cudaMemcpyAsync(host, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (download)");
   pinned_used_ = 0;
@@ -282,9 +301,32 @@ uint64_t CudaBackend::download_async(const Tensor& src, size_t bytes) {
   const uint64_t ticket = next_download_++;
   PendingDownload& d = downloads_[ticket % kMaxPendingDownloads];
   KILN_CHECK(d.ticket == 0, "cuda download_async: {} downloads already pending", int(kMaxPendingDownloads));
-  flush_pending();
-  graphs_->flush();
-  check(cudaMemcpyAsync(d.staged, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
+  // The pass's last op writes the bytes into the step slot, where finish_download finds them
+  // (or in d.staged, where they move if the slot is reused first): the held argmax whose
+  // output this is, or else a copy kernel.
+  const bool from_argmax = pending_argmax_ && pending_argmax_->out == src.data &&
+                           bytes == size_t(pending_argmax_->rows) * sizeof(int32_t);
+  if (!from_argmax) flush_pending();
+  uint8_t* at = step_io_ ? step_io_->reserve(bytes) : nullptr;
+  if (at && from_argmax) {
+    const PendingArgmax a = *pending_argmax_;
+    pending_argmax_.reset();
+    record_argmax(a, reinterpret_cast<int32_t*>(at));
+  } else if (at) {
+    const void* from = src.data;
+    cuda::SignatureHash sig;
+    sig.bytes("download", 8);
+    sig.pod(from), sig.pod(at), sig.pod(bytes);
+    record(sig, 1, [=](cudaStream_t s) { return cuda::download_step_bytes(from, at, bytes, s); }, "download");
+  }
+  if (at) {
+    step_io_->hold_download(ticket, at, bytes, d.staged);
+    flush_graph();
+  } else {
+    flush_pending();
+    flush_graph();
+    check(cudaMemcpyAsync(d.staged, src.data, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
+  }
   check(cudaEventRecord(d.done, stream_), "cudaEventRecord (download)");
   d.ticket = ticket;
   d.bytes = bytes;
@@ -296,13 +338,13 @@ void CudaBackend::finish_download(uint64_t ticket, void* host, size_t bytes) {
   KILN_CHECK(ticket != 0 && d.ticket == ticket, "cuda finish_download: ticket {} is not pending", ticket);
   KILN_CHECK(bytes <= d.bytes, "cuda finish_download: {} bytes asked, {} downloaded", bytes, d.bytes);
   check(cudaEventSynchronize(d.done), "cudaEventSynchronize (download)");
-  std::memcpy(host, d.staged, bytes);
+  if (!step_io_ || !step_io_->take(ticket, host, bytes)) std::memcpy(host, d.staged, bytes);
   d.ticket = 0;
 }
 
 void CudaBackend::synchronize() {
   flush_pending();
-  graphs_->flush();
+  flush_graph();
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   pinned_used_ = 0;
 }
@@ -314,6 +356,11 @@ void CudaBackend::defer_add(const Tensor& out, Tensor& residual) {
 }
 
 void CudaBackend::flush_pending() {
+  if (pending_argmax_) {
+    const PendingArgmax a = *pending_argmax_;
+    pending_argmax_.reset();
+    record_argmax(a, nullptr);
+  }
   flush_pending_products();
   flush_pending_head_norms();
   if (!pending_add_) return;

@@ -24,6 +24,7 @@
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/rope_store.h"
+#include "backend/cuda/step_io.h"
 
 namespace kiln {
 
@@ -66,6 +67,10 @@ struct CudaOptions {
   // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
   // 8 lanes a row, which read the layout slower than the copy stages (docs/perf-notes.md).
   int64_t interleaved_min_cols = 2304;
+  // Small per-pass uploads and download_async() as kernels inside the pass's graph, through
+  // mapped host memory (step_io.h), instead of copies on the stream between two graphs.
+  // KILN_CUDA_STEP_IO=0 turns it off (to measure what it saves).
+  bool step_io_in_graph = true;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -168,6 +173,19 @@ class CudaBackend final : public Backend {
     Tensor out, residual;
   };
   std::optional<PendingAdd> pending_add_;
+  // An argmax is held back the same way: if the next call downloads its output
+  // (download_async, a greedy step's token), the argmax kernel writes it into the step slot
+  // itself (step_io.h) instead of a copy kernel after it.
+  struct PendingArgmax {
+    const float* x = nullptr;
+    int64_t stride = 0, rows = 0, n = 0;
+    int32_t* out = nullptr;
+    void* scratch = nullptr;
+    size_t scratch_bytes = 0;
+    cuda::SignatureHash sig;
+  };
+  std::optional<PendingArgmax> pending_argmax_;
+  void record_argmax(const PendingArgmax& a, int32_t* host_out);
   void defer_add(const Tensor& out, Tensor& residual);
   // A decode launch of two or three grouped products (q/k/v, gate/up) is held back the same
   // way, because the op right after it may run in its epilogue (cuda_backend_fused.cpp):
@@ -290,6 +308,9 @@ class CudaBackend final : public Backend {
   PendingDownload downloads_[kMaxPendingDownloads];
   void* download_pinned_ = nullptr;
   uint64_t next_download_ = 1;
+  std::unique_ptr<cuda::StepIo> step_io_;  // null with options_.step_io_in_graph off
+  // Ends a pass's graph: flushes the recorded ops and closes the step slot they use.
+  void flush_graph();
   std::vector<void*> device_allocations_;  // weights, retired scratch
   std::vector<const void*> interleaved_;   // weights registered in the interleaved layout
   size_t weight_bytes_ = 0;

@@ -328,13 +328,25 @@ void CudaBackend::argmax(const Tensor& x, Tensor& out) {
   require_f32(x, "argmax", "x");
   KILN_CHECK(out.dtype == GgmlType::I32 && out.elements() == x.rows() && out.device == Device::Cuda,
              "cuda argmax: out {} {} is not a device I32 [{}]", out.name, out.describe(), x.rows());
-  const float* xp = x.as<float>();
-  const int64_t stride = stride_of(x, "argmax", "x"), rows = x.rows(), n = x.ne[0];
-  int32_t* op = out.as<int32_t>();
-  const size_t need = cuda::argmax_scratch_bytes(rows, n);
-  void* sp = need ? scratch(argmax_scratch_, need) : nullptr;
-  record(Sig(Op::Argmax).t(x).t(out).h, rows,
-         [=](cudaStream_t s) { return cuda::argmax_rows(xp, stride, rows, n, op, sp, need, s); }, "argmax");
+  flush_pending();
+  PendingArgmax a;
+  a.x = x.as<float>();
+  a.stride = stride_of(x, "argmax", "x"), a.rows = x.rows(), a.n = x.ne[0];
+  a.out = out.as<int32_t>();
+  a.scratch_bytes = cuda::argmax_scratch_bytes(a.rows, a.n);
+  a.scratch = a.scratch_bytes ? scratch(argmax_scratch_, a.scratch_bytes) : nullptr;
+  a.sig = Sig(Op::Argmax).t(x).t(out).h;
+  pending_argmax_ = a;  // recorded by the next op, sync point or download_async
+}
+
+void CudaBackend::record_argmax(const PendingArgmax& a, int32_t* host_out) {
+  cuda::SignatureHash sig = a.sig;
+  sig.pod(host_out);
+  record(sig, a.rows,
+         [=](cudaStream_t s) {
+           return cuda::argmax_rows(a.x, a.stride, a.rows, a.n, a.out, a.scratch, a.scratch_bytes, s, host_out);
+         },
+         "argmax");
 }
 
 }  // namespace kiln

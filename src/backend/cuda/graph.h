@@ -1,14 +1,15 @@
 #pragma once
 // Step graphs: the CUDA backend records the ops of a pass instead of launching them, and at
-// the next host sync point (synchronize, download, upload) either replays a CUDA graph it
-// captured earlier for the same op sequence or runs the ops eagerly.
+// the next host sync point (synchronize, download, an upload too large for a step slot)
+// either replays a CUDA graph it captured earlier for the same op sequence or runs the ops
+// eagerly. A pass's small uploads are ops of the graph themselves (step_io.h).
 //
 // Every op contributes a signature (its kind, its tensors' pointers, shapes and strides, its
 // parameters) to a running hash. Two passes with the same hash launch the same kernels on
 // the same buffers with the same arguments; what changes from step to step (positions,
-// slots, block tables, the token) lives in device buffers that upload() refreshes before the
-// replay. A pass whose ops touch more than `max_tokens` rows (prefill) runs eagerly; so does
-// every pass when graphs are off. Decode attention sizes its grid for a context bucket
+// slots, block tables, the token) lives in device buffers that the pass's upload ops refresh
+// from a step slot (so each step shape has a graph per slot). A pass whose ops touch more
+// than `max_tokens` rows (prefill) runs eagerly; so does every pass when graphs are off. Decode attention sizes its grid for a context bucket
 // (attention_bucket) rather than the exact length, so that one graph serves many steps.
 // KILN_CUDA_GRAPH_PIECES=N flushes a pass in graphs of N ops instead (measured slower; off).
 // KILN_CUDA_SKIP_OPS=a,b leaves the named ops out (wrong results; for measuring what each

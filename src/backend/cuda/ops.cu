@@ -274,7 +274,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
-__global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i, int pieces, int32_t* out) {
+__global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i, int pieces, int32_t* out,
+                                   int32_t* host_out) {
   begin_chained_kernel();
   const int lane = threadIdx.x;
   float v = 0.0f;
@@ -287,7 +288,14 @@ __global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i,
     const int64_t oi = __shfl_xor_sync(kFullMask, idx, offset);
     argmax_merge(v, idx, ov, oi);
   }
-  if (lane == 0) out[blockIdx.x] = int32_t(idx < 0 ? 0 : idx);
+  if (lane == 0) {
+    const int32_t best = int32_t(idx < 0 ? 0 : idx);
+    out[blockIdx.x] = best;
+    if (host_out) {
+      host_out[blockIdx.x] = best;
+      __threadfence_system();  // before the step's event tells the host it is there
+    }
+  }
 }
 
 }  // namespace detail
@@ -359,7 +367,7 @@ size_t argmax_scratch_bytes(int64_t rows, int64_t n) {
 }
 
 Status argmax_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, int32_t* out, void* scratch,
-                   size_t scratch_bytes, cudaStream_t stream) {
+                   size_t scratch_bytes, cudaStream_t stream, int32_t* host_out) {
   if (!x || !out || rows <= 0 || n <= 0 || rows > 65535)
     return Status::invalid("argmax_rows: x and out must be set, rows in 1..65535 and n positive");
   const size_t need = argmax_scratch_bytes(rows, n);
@@ -373,7 +381,7 @@ Status argmax_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, in
                  stream, x, x_stride, n, piece_v, piece_i);
   if (Status s = launch_status("argmax_pieces_kernel"); !s.ok()) return s;
   launch_chained(detail::argmax_rows_kernel, unsigned(rows), detail::kWarpSize, 0, stream, piece_v, piece_i,
-                 int(pieces), out);
+                 int(pieces), out, host_out);
   return launch_status("argmax_rows_kernel");
 }
 
