@@ -54,7 +54,6 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_INTERLEAVED", "2")) options_.interleaved_q4_k = true;
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
   if (cuda::env_is("KILN_CUDA_STEP_IO", "0")) options_.step_io_in_graph = false;
-  if (cuda::env_is("KILN_CUDA_ARGMAX_ONE_PASS", "0")) options_.argmax_one_pass = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
   if (const int e = cuda::env_int("KILN_CUDA_HALF_EPILOGUE", -1); e >= 0 && e <= 3) options_.half_epilogues = e;
   if (const int e = cuda::env_int("KILN_CUDA_GLU_EPILOGUE_Q8", -1); e >= 0 && e <= 2) options_.int8_glu_epilogue = e;
@@ -70,8 +69,6 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   graphs_ = std::make_unique<cuda::StepGraphs>(stream_, options.graphs, options.graph_max_tokens);
   scratch(route_tickets_, size_t(kMoeRouteMaxTokens) * sizeof(unsigned));
   check(cudaMemset(route_tickets_.data, 0, route_tickets_.bytes), "cudaMemset (route tickets)");
-  scratch(argmax_tickets_, size_t(kArgmaxTicketRows) * sizeof(unsigned));
-  check(cudaMemset(argmax_tickets_.data, 0, argmax_tickets_.bytes), "cudaMemset (argmax tickets)");
   check(cudaMallocHost(&download_pinned_, kMaxPendingDownloads * kMaxAsyncDownloadBytes), "cudaMallocHost (downloads)");
   for (int i = 0; i < kMaxPendingDownloads; ++i) {
     check(cudaEventCreateWithFlags(&downloads_[i].done, cudaEventDisableTiming), "cudaEventCreate");

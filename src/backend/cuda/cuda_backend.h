@@ -71,9 +71,6 @@ struct CudaOptions {
   // mapped host memory (step_io.h), instead of copies on the stream between two graphs.
   // KILN_CUDA_STEP_IO=0 turns it off (to measure what it saves).
   bool step_io_in_graph = true;
-  // The argmax of up to 1024 rows as one kernel (the last block of a row reduces its pieces)
-  // instead of two. KILN_CUDA_ARGMAX_ONE_PASS=0 keeps two.
-  bool argmax_one_pass = true;
   // Called after each uploaded chunk of weights with the bytes uploaded so far.
   std::function<void(size_t uploaded_bytes)> progress;
 };
@@ -319,10 +316,6 @@ class CudaBackend final : public Backend {
   size_t weight_bytes_ = 0;
   Scratch q8_scratch_, matmul_scratch_, glu_half_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;
-  // The one-pass argmax's tickets (one per row, for up to kArgmaxTicketRows rows), zeroed once
-  // at start; each launch leaves them zero. More rows take the two-kernel argmax.
-  static constexpr int64_t kArgmaxTicketRows = 1024;
-  Scratch argmax_tickets_;
   // rmsnorm_moe_route's tickets (one per token of a decode batch), zeroed once at start; each
   // launch leaves them zero.
   static constexpr int64_t kMoeRouteMaxTokens = 8;

@@ -340,14 +340,11 @@ void CudaBackend::argmax(const Tensor& x, Tensor& out) {
 }
 
 void CudaBackend::record_argmax(const PendingArgmax& a, int32_t* host_out) {
-  auto* tickets = options_.argmax_one_pass && a.rows <= kArgmaxTicketRows
-                      ? static_cast<unsigned*>(argmax_tickets_.data) : nullptr;
   cuda::SignatureHash sig = a.sig;
-  sig.pod(host_out), sig.pod(tickets);
+  sig.pod(host_out);
   record(sig, a.rows,
          [=](cudaStream_t s) {
-           return cuda::argmax_rows(a.x, a.stride, a.rows, a.n, a.out, a.scratch, a.scratch_bytes, s, host_out,
-                                    tickets);
+           return cuda::argmax_rows(a.x, a.stride, a.rows, a.n, a.out, a.scratch, a.scratch_bytes, s, host_out);
          },
          "argmax");
 }

@@ -241,13 +241,12 @@ __device__ __forceinline__ void argmax_merge(float& v, int64_t& i, float ov, int
 // Pass 1: grid (pieces, rows); each block reduces a piece of a row to (value, index).
 // Pass 2: one warp per row reduces the pieces. Many blocks read a row at once: a single
 // block per row would be bound by one SM's memory latency (a vocabulary row is 0.5 MB).
-// The one-pass kernel does both: the last block of a row to finish its piece (a ticket per
-// row, left zero for the next launch) reduces the pieces, one kernel fewer in the chain.
 constexpr int kArgmaxThreads = 256;
 constexpr int64_t kArgmaxPiece = 8192;  // elements per block in pass 1
 
-// This block's piece of its row, reduced; thread 0 stores (value, index) at the piece's slot.
-__device__ void argmax_block_piece(const float* x, int64_t stride, int64_t n, float* piece_v, int64_t* piece_i) {
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_pieces_kernel(const float* x, int64_t stride, int64_t n, float* piece_v, int64_t* piece_i) {
+  begin_chained_kernel();
   __shared__ float best_v[kArgmaxThreads / kWarpSize];
   __shared__ int64_t best_i[kArgmaxThreads / kWarpSize];
   const float* row = x + int64_t(blockIdx.y) * stride;
@@ -275,14 +274,14 @@ __device__ void argmax_block_piece(const float* x, int64_t stride, int64_t n, fl
   }
 }
 
-// One warp: row `row`'s pieces reduced; lane 0 writes the index (and its host copy).
-__device__ void argmax_warp_pieces(const float* piece_v, const int64_t* piece_i, int pieces, int64_t row,
-                                   int32_t* out, int32_t* host_out) {
-  const int lane = threadIdx.x % kWarpSize;
+__global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i, int pieces, int32_t* out,
+                                   int32_t* host_out) {
+  begin_chained_kernel();
+  const int lane = threadIdx.x;
   float v = 0.0f;
   int64_t idx = -1;
-  for (int p = lane; p < pieces; p += kWarpSize)  // through L2: other blocks wrote them
-    argmax_merge(v, idx, __ldcg(piece_v + row * pieces + p), __ldcg(piece_i + row * pieces + p));
+  for (int p = lane; p < pieces; p += kWarpSize)
+    argmax_merge(v, idx, piece_v[int64_t(blockIdx.x) * pieces + p], piece_i[int64_t(blockIdx.x) * pieces + p]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float ov = __shfl_xor_sync(kFullMask, v, offset);
@@ -291,41 +290,12 @@ __device__ void argmax_warp_pieces(const float* piece_v, const int64_t* piece_i,
   }
   if (lane == 0) {
     const int32_t best = int32_t(idx < 0 ? 0 : idx);
-    out[row] = best;
+    out[blockIdx.x] = best;
     if (host_out) {
-      host_out[row] = best;
+      host_out[blockIdx.x] = best;
       __threadfence_system();  // before the step's event tells the host it is there
     }
   }
-}
-
-__global__ void __launch_bounds__(kArgmaxThreads)
-    argmax_pieces_kernel(const float* x, int64_t stride, int64_t n, float* piece_v, int64_t* piece_i) {
-  begin_chained_kernel();
-  argmax_block_piece(x, stride, n, piece_v, piece_i);
-}
-
-__global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i, int pieces, int32_t* out,
-                                   int32_t* host_out) {
-  begin_chained_kernel();
-  argmax_warp_pieces(piece_v, piece_i, pieces, blockIdx.x, out, host_out);
-}
-
-__global__ void __launch_bounds__(kArgmaxThreads)
-    argmax_one_pass_kernel(const float* x, int64_t stride, int64_t n, float* piece_v, int64_t* piece_i,
-                           unsigned* tickets, int32_t* out, int32_t* host_out) {
-  begin_chained_kernel();
-  argmax_block_piece(x, stride, n, piece_v, piece_i);
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    __threadfence();  // the piece is visible before the ticket says so
-    last = atomicAdd(&tickets[blockIdx.y], 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last || threadIdx.x >= kWarpSize) return;
-  __threadfence();
-  argmax_warp_pieces(piece_v, piece_i, int(gridDim.x), blockIdx.y, out, host_out);
-  if (threadIdx.x == 0) tickets[blockIdx.y] = 0;
 }
 
 }  // namespace detail
@@ -397,7 +367,7 @@ size_t argmax_scratch_bytes(int64_t rows, int64_t n) {
 }
 
 Status argmax_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, int32_t* out, void* scratch,
-                   size_t scratch_bytes, cudaStream_t stream, int32_t* host_out, unsigned* tickets) {
+                   size_t scratch_bytes, cudaStream_t stream, int32_t* host_out) {
   if (!x || !out || rows <= 0 || n <= 0 || rows > 65535)
     return Status::invalid("argmax_rows: x and out must be set, rows in 1..65535 and n positive");
   const size_t need = argmax_scratch_bytes(rows, n);
@@ -407,14 +377,8 @@ Status argmax_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, in
   const int64_t pieces = (n + detail::kArgmaxPiece - 1) / detail::kArgmaxPiece;
   auto* piece_i = static_cast<int64_t*>(scratch);  // 8-byte values first: alignment
   auto* piece_v = reinterpret_cast<float*>(piece_i + rows * pieces);
-  const dim3 grid{unsigned(pieces), unsigned(rows)};
-  if (tickets) {
-    launch_chained(detail::argmax_one_pass_kernel, grid, detail::kArgmaxThreads, 0, stream, x, x_stride, n, piece_v,
-                   piece_i, tickets, out, host_out);
-    return launch_status("argmax_one_pass_kernel");
-  }
-  launch_chained(detail::argmax_pieces_kernel, grid, detail::kArgmaxThreads, 0, stream, x, x_stride, n, piece_v,
-                 piece_i);
+  launch_chained(detail::argmax_pieces_kernel, dim3(unsigned(pieces), unsigned(rows)), detail::kArgmaxThreads, 0,
+                 stream, x, x_stride, n, piece_v, piece_i);
   if (Status s = launch_status("argmax_pieces_kernel"); !s.ok()) return s;
   launch_chained(detail::argmax_rows_kernel, unsigned(rows), detail::kWarpSize, 0, stream, piece_v, piece_i,
                  int(pieces), out, host_out);

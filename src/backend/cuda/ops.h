@@ -75,14 +75,11 @@ Status glu(const GluArgs& args, cudaStream_t stream);
 
 // out[r] = index of the largest element of row r (the first one among equals; NaNs are
 // skipped, an all-NaN row gives 0). Two passes: pieces of each row in parallel, then the
-// pieces; `scratch` holds the pieces' results (argmax_scratch_bytes). With `tickets` (one
-// unsigned per row, zero, and left zero), both passes are one kernel: a row's last block to
-// finish reduces the pieces. With `host_out` (mapped host memory, step_io.h), the indexes
-// are written there too, visible to the host once the kernel is done: a greedy step's
-// download without a kernel of its own.
+// pieces; `scratch` holds the pieces' results (argmax_scratch_bytes). With `host_out` (mapped
+// host memory, step_io.h), the indexes are written there too, visible to the host once the
+// kernel is done: a greedy step's download without a kernel of its own.
 size_t argmax_scratch_bytes(int64_t rows, int64_t n);
 Status argmax_rows(const float* x, int64_t x_stride, int64_t rows, int64_t n, int32_t* out, void* scratch,
-                   size_t scratch_bytes, cudaStream_t stream, int32_t* host_out = nullptr,
-                   unsigned* tickets = nullptr);
+                   size_t scratch_bytes, cudaStream_t stream, int32_t* host_out = nullptr);
 
 }  // namespace kiln::cuda
