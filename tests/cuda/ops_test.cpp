@@ -211,8 +211,16 @@ TEST(CudaArgmax, FirstIndexOfTheMaximumPerRow) {
   DeviceBuffer out(size_t(rows) * 4), scratch(argmax_scratch_bytes(rows, n));
   out.poison();
   scratch.poison();
-  KILN_STATUS_OK(argmax_rows(x_d.as<float>(), stride, rows, n, out.as<int32_t>(), scratch.as(), scratch.bytes(), nullptr));
+  // With a host copy too, in mapped memory (a greedy step's token, step_io.h).
+  int32_t* host_out = nullptr;
+  KILN_CUDA_OK(cudaHostAlloc(reinterpret_cast<void**>(&host_out), size_t(rows) * 4, cudaHostAllocMapped));
+  std::fill(host_out, host_out + rows, -7);
+  KILN_STATUS_OK(argmax_rows(x_d.as<float>(), stride, rows, n, out.as<int32_t>(), scratch.as(), scratch.bytes(), nullptr,
+                             host_out));
+  KILN_CUDA_OK(cudaDeviceSynchronize());
   const std::vector<int32_t> got = to_host<int32_t>(out, size_t(rows));
+  EXPECT_EQ(std::vector<int32_t>(host_out, host_out + rows), got) << "the host copy";
+  cudaFreeHost(host_out);
   for (int64_t r = 0; r < rows; ++r) {
     int64_t best = -1;
     for (int64_t i = 0; i < n; ++i) {
