@@ -258,7 +258,7 @@ void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
   for (RopeTable& t : rope_tables_) t.current = false;
   // A pass's own uploads: staged in the step slot and copied by a kernel of its graph, in
   // order with the ops around it.
-  if (uint8_t* staged = step_io_ && bytes <= cuda::StepIo::kSlotBytes / 4 ? step_io_->reserve(bytes) : nullptr) {
+  if (uint8_t* staged = step_io_ && bytes <= cuda::StepIo::kMaxUploadBytes ? step_io_->reserve(bytes) : nullptr) {
     std::memcpy(staged, host, bytes);
     void* to = dst.data;
     cuda::SignatureHash sig;

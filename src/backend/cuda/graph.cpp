@@ -217,6 +217,11 @@ void StepGraphs::flush() {
     }
     found = graphs_.emplace(key, exec).first;
     ++captures_;
+    // Step timing also says when graphs are captured: a capture among replays costs a step
+    // several times over, and shows here where the replay times only show a slow step.
+    if (timing_)
+      std::fprintf(stderr, "kiln cuda: step graph %lld captured (%zu ops) after %lld replays\n",
+                   (long long)captures_, ops_.size(), (long long)replays_);
   } else {
     ++replays_;
   }

@@ -70,7 +70,7 @@ class StepGraphs {
   int64_t eager_passes() const { return eager_; }
   // KILN_CUDA_STEP_TIMING=1: the GPU time of each graph replay is measured with events; the
   // mean and spread are printed to stderr when the graphs are destroyed (the host time per step
-  // is the rest of a step).
+  // is the rest of a step), and each capture as it happens.
 
  private:
   struct Recorded {

@@ -25,6 +25,9 @@ class StepIo {
  public:
   static constexpr int kSlots = 2;
   static constexpr size_t kSlotBytes = size_t(64) << 10;
+  // Larger uploads (a long prompt's positions) take a copy on the stream, leaving the slot
+  // room for the pass's other uploads.
+  static constexpr size_t kMaxUploadBytes = kSlotBytes / 4;
 
   StepIo();  // allocates the mapped memory; throws kiln::Error if it cannot
   ~StepIo();
