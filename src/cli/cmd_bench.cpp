@@ -329,7 +329,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("-n,--n-gen", cli->n_gen, "Tokens generated one at a time; a comma list runs one test each (0: skip)")
       ->delimiter(',')
       ->capture_default_str();
-  cmd->add_option("-r,--repetitions", cli->repetitions, "Measured runs of each test")->capture_default_str();
+  cmd->add_option("-r,--repetitions", cli->repetitions, "Measured runs of each test (after two unmeasured warm-up runs)")
+      ->capture_default_str();
   cmd->add_option("-o,--output", cli->output, "md (llama-bench's table) or json (its records)")->capture_default_str();
   cmd->add_option("--seed", cli->seed, "Seed of the random prompt tokens")->capture_default_str();
   cmd->add_flag("--host-tokens", cli->host_tokens,
