@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -74,7 +75,15 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
     check(cudaEventCreateWithFlags(&downloads_[i].done, cudaEventDisableTiming), "cudaEventCreate");
     downloads_[i].staged = static_cast<uint8_t*>(download_pinned_) + size_t(i) * kMaxAsyncDownloadBytes;
   }
-  if (options_.step_io_in_graph) step_io_ = std::make_unique<cuda::StepIo>();
+  // Without mapped host memory the copies stay on the stream: slower between steps, the same
+  // results.
+  if (options_.step_io_in_graph) {
+    try {
+      step_io_ = std::make_unique<cuda::StepIo>();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "kiln cuda: per-step copies stay on the stream: %s\n", e.what());
+    }
+  }
 }
 
 CudaBackend::~CudaBackend() {

@@ -10,30 +10,40 @@ StepIo::StepIo() {
   const size_t bytes = kSlots * kSlotBytes;
   // Mapped: the kernels read and write it through the device's view of host memory.
   cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&memory_), bytes, cudaHostAllocMapped);
-  if (e != cudaSuccess) fail("cuda backend: cannot allocate {} bytes of mapped host memory: {}", bytes,
-                             cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    memory_ = nullptr;
+    fail("cuda backend: cannot allocate {} bytes of mapped host memory: {}", bytes, cudaGetErrorString(e));
+  }
   void* device_view = nullptr;
   e = cudaHostGetDevicePointer(&device_view, memory_, 0);
   // Unified addressing (every 64-bit platform CUDA 13 supports) gives the host's address.
   if (e != cudaSuccess || device_view != memory_) {
-    cudaFreeHost(memory_);
+    release();
     fail("cuda backend: mapped host memory has no device address equal to its host address ({})",
          cudaGetErrorString(e));
   }
   for (int i = 0; i < kSlots; ++i) {
     slots_[i].data = memory_ + size_t(i) * kSlotBytes;
     e = cudaEventCreateWithFlags(&slots_[i].done, cudaEventDisableTiming);
-    if (e != cudaSuccess) fail("cuda backend: cudaEventCreate: {}", cudaGetErrorString(e));
+    if (e != cudaSuccess) {
+      slots_[i].done = nullptr;
+      release();
+      fail("cuda backend: cudaEventCreate: {}", cudaGetErrorString(e));
+    }
   }
 }
 
-StepIo::~StepIo() {
+StepIo::~StepIo() { release(); }
+
+void StepIo::release() {
   for (Slot& s : slots_)
     if (s.done) {
       if (s.recorded) cudaEventSynchronize(s.done);
       cudaEventDestroy(s.done);
+      s.done = nullptr;
     }
   if (memory_) cudaFreeHost(memory_);
+  memory_ = nullptr;
 }
 
 void StepIo::open(Slot& slot) {

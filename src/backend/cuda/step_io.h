@@ -58,6 +58,7 @@ class StepIo {
     void* spill = nullptr;
   };
   void open(Slot& slot);
+  void release();  // the events and the memory, as far as they were made
 
   uint8_t* memory_ = nullptr;
   Slot slots_[kSlots];
