@@ -34,12 +34,7 @@ class StepIoPasses : public ::testing::TestWithParam<bool> {
     x_ = x_buf_->view(GgmlType::F32, {n});
     y_ = y_buf_->view(GgmlType::F32, {n});
   }
-  std::vector<float> random_values(int64_t n) {
-    std::uniform_real_distribution<float> u(-4.0f, 4.0f);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& f : v) f = u(rng_);
-    return v;
-  }
+  std::vector<float> random_values(int64_t n) { return cuda::testing::random_floats(rng_, size_t(n), -4.0f, 4.0f); }
   // One pass: upload v to x, y = 2 x.
   void pass(const std::vector<float>& v) {
     gpu_->upload(v.data(), x_, v.size() * sizeof(float));
@@ -51,7 +46,7 @@ class StepIoPasses : public ::testing::TestWithParam<bool> {
     return d;
   }
 
-  std::mt19937 rng_{20261201};
+  std::mt19937_64 rng_{20261201};
   std::unique_ptr<CudaBackend> gpu_;
   std::unique_ptr<Buffer> x_buf_, y_buf_;
   Tensor x_, y_;

@@ -318,9 +318,7 @@ uint64_t CudaBackend::download_async(const Tensor& src, size_t bytes) {
   if (!from_argmax) flush_pending();
   uint8_t* at = step_io_ ? step_io_->reserve(bytes) : nullptr;
   if (at && from_argmax) {
-    const PendingArgmax a = *pending_argmax_;
-    pending_argmax_.reset();
-    record_argmax(a, reinterpret_cast<int32_t*>(at));
+    record_held_argmax(reinterpret_cast<int32_t*>(at));
   } else if (at) {
     const void* from = src.data;
     cuda::SignatureHash sig;
@@ -365,11 +363,7 @@ void CudaBackend::defer_add(const Tensor& out, Tensor& residual) {
 }
 
 void CudaBackend::flush_pending() {
-  if (pending_argmax_) {
-    const PendingArgmax a = *pending_argmax_;
-    pending_argmax_.reset();
-    record_argmax(a, nullptr);
-  }
+  if (pending_argmax_) record_held_argmax(nullptr);
   flush_pending_products();
   flush_pending_head_norms();
   if (!pending_add_) return;

@@ -185,7 +185,8 @@ class CudaBackend final : public Backend {
     cuda::SignatureHash sig;
   };
   std::optional<PendingArgmax> pending_argmax_;
-  void record_argmax(const PendingArgmax& a, int32_t* host_out);
+  // Records the held argmax (and lets it go), with its host copy at `host_out` if set.
+  void record_held_argmax(int32_t* host_out);
   void defer_add(const Tensor& out, Tensor& residual);
   // A decode launch of two or three grouped products (q/k/v, gate/up) is held back the same
   // way, because the op right after it may run in its epilogue (cuda_backend_fused.cpp):

@@ -339,7 +339,9 @@ void CudaBackend::argmax(const Tensor& x, Tensor& out) {
   pending_argmax_ = a;  // recorded by the next op, sync point or download_async
 }
 
-void CudaBackend::record_argmax(const PendingArgmax& a, int32_t* host_out) {
+void CudaBackend::record_held_argmax(int32_t* host_out) {
+  const PendingArgmax a = *pending_argmax_;
+  pending_argmax_.reset();  // before record(), which records whatever is still held
   cuda::SignatureHash sig = a.sig;
   sig.pod(host_out);
   record(sig, a.rows,

@@ -9,8 +9,9 @@
 // the same buffers with the same arguments; what changes from step to step (positions,
 // slots, block tables, the token) lives in device buffers that the pass's upload ops refresh
 // from a step slot (so each step shape has a graph per slot). A pass whose ops touch more
-// than `max_tokens` rows (prefill) runs eagerly; so does every pass when graphs are off. Decode attention sizes its grid for a context bucket
-// (attention_bucket) rather than the exact length, so that one graph serves many steps.
+// than `max_tokens` rows (prefill) runs eagerly; so does every pass when graphs are off.
+// Decode attention sizes its grid for a context bucket (attention_bucket) rather than the
+// exact length, so that one graph serves many steps.
 // KILN_CUDA_GRAPH_PIECES=N flushes a pass in graphs of N ops instead (measured slower; off).
 // KILN_CUDA_SKIP_OPS=a,b leaves the named ops out (wrong results; for measuring what each
 // costs in the chained graph, see graph.cpp).
