@@ -82,15 +82,18 @@ __global__ void __launch_bounds__(kGroupedThreads,
     cp_async_commit();
   };
 
-  // Interleaved mode: item i's group of this lane (its row of gate or up) into g.
+  // Interleaved mode: item i's group of this lane (its row of gate or up) into g. The lane's
+  // matrix is picked by a select, not p.w[slot]: indexing the parameter by a value known only
+  // at run time puts the whole struct in local memory, read back for every item.
   constexpr bool kInterleaved = kStages == 0;
   uint32_t g[kInterleaved ? group_words<Fmt>() : 1];
+  const uint8_t* const my_w = slot == 0 ? p.w[0] : p.w[1];
   auto item_address = [&](int i) {
     WordAddress a;
     if constexpr (kInterleaved) {
       if (i >= items || li >= p.groups) return a;
       const int64_t row = int64_t(h_block_of(i)) * kGluBlockValues + value_of(i);
-      a = interleaved_group<Fmt>(p.w[slot], row, li, p.groups);
+      a = interleaved_group<Fmt>(my_w, row, li, p.groups);
     }
     return a;
   };

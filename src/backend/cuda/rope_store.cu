@@ -39,7 +39,9 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
     return;
   }
   const bool is_k = y >= q_groups;
-  const RopeArgs& a = is_k ? k : q;
+  // A copy, not a reference: a reference chosen at run time between two parameters puts both
+  // in local memory, and every field read below would go through it.
+  const RopeArgs a = is_k ? k : q;
   if (!angles) rope_angles(a, c, t, cos_s, sin_s);
   begin_chained_kernel();
   if (angles) {  // the pass's table, written by a kernel before this one
