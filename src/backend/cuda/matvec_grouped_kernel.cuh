@@ -310,6 +310,20 @@ constexpr bool grouped_q4_0_or_q8_0() {
 // and measured 9.7% slower than the copy stages; capped at 1 block (room for the next chained
 // kernel's blocks) Llama-3-8B Q4_0 measured 25% slower, Q8_0 7.5%.
 constexpr int kInterleavedMinBlocks = 2;
+// Resident blocks the one-stage kernel's launch bound asks for: 3 (at most 80 registers), but 2
+// for the instances over f32 x that spill at 80 (ptxas, bytes stored / loaded: q8_0 at 8 lanes a
+// row 20 / 24, q4_K rows with q6_K rows at 8 lanes 12 / 20, q6_K at 16 lanes 32 / 56). Their
+// launches (x of at most 2048 values) mostly need fewer blocks than two a multiprocessor, and
+// launch_grouped takes the two-stage kernel where they do not fit. Values read back from local
+// memory in the item loop are dear: the glu kernel's parameters held there cost ~25 us a
+// Llama-3-8B step (docs/perf-notes.md, round 17).
+template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
+constexpr int one_stage_min_blocks() {
+  constexpr bool kOneFormat = std::is_same_v<Fmt, FmtB>;
+  const bool spills_at_80 = kFromF32 && ((kLanesPerRow == 8 && (std::is_same_v<Fmt, GroupQ8_0> || !kOneFormat)) ||
+                                         (kLanesPerRow == 16 && kOneFormat && std::is_same_v<Fmt, GroupQ6_K>));
+  return spills_at_80 ? 2 : 3;
+}
 
 // f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
 // layout the kernel reads: 8 lanes per block of 32 values, all loads issued before any
@@ -385,7 +399,8 @@ __device__ inline void quantize_input_to_shared(const F32Input& in, int cols, ui
 // a task that straddles two parts of different formats.
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages>
 __global__ void __launch_bounds__(kGroupedThreads,
-                                  kStages == 1 ? 3 : (kStages == 0 ? kInterleavedMinBlocks : 0))
+                                  kStages == 1 ? one_stage_min_blocks<Fmt, FmtB, kLanesPerRow, kFromF32>()
+                                               : (kStages == 0 ? kInterleavedMinBlocks : 0))
     matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, SecondFormat second, int rows, int groups,
                           const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
                           PairEpilogue ep) {
