@@ -320,9 +320,9 @@ constexpr int kInterleavedMinBlocks = 2;
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
 constexpr int one_stage_min_blocks() {
   constexpr bool kOneFormat = std::is_same_v<Fmt, FmtB>;
-  const bool spills_at_80 = kFromF32 && ((kLanesPerRow == 8 && (std::is_same_v<Fmt, GroupQ8_0> || !kOneFormat)) ||
-                                         (kLanesPerRow == 16 && kOneFormat && std::is_same_v<Fmt, GroupQ6_K>));
-  return spills_at_80 ? 2 : 3;
+  constexpr bool kSpillsAt80 = kFromF32 && ((kLanesPerRow == 8 && (std::is_same_v<Fmt, GroupQ8_0> || !kOneFormat)) ||
+                                            (kLanesPerRow == 16 && kOneFormat && std::is_same_v<Fmt, GroupQ6_K>));
+  return kSpillsAt80 ? 2 : 3;
 }
 
 // f32 x (optionally RMS-normalized) quantized by the whole block into the padded shared
