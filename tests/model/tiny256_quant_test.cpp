@@ -80,8 +80,9 @@ TEST_P(Tiny256, LogitsMatchLlamaCpp) {
   else
     EXPECT_GE(same_argmax + near_ties, rows - 1) << type << ": argmax differs from llama.cpp beyond near-ties on too "
                                                             "many positions (f32 activations)";
+  const char* path = f16 ? "f16 weights" : int8 ? "int8 activations" : "f32 activations";
   std::printf("[ tiny256-%s ] %s: max relative L2 %.3g, argmax agrees on %d of %lld (%d near-ties)\n",
-              type.c_str(), f16 ? "f16 weights" : int8 ? "int8 activations" : "f32 activations", worst, same_argmax, (long long)rows, near_ties);
+              type.c_str(), path, worst, same_argmax, (long long)rows, near_ties);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, Tiny256,
