@@ -25,6 +25,25 @@ SyntheticShape llama3(std::string name, int n_layer, int n_embd, int n_ff, int n
   return s;
 }
 
+// Llama-2-13B (HF config): 40 layers of width 5120, 40 heads of 128 without grouping, a
+// 32000-token vocabulary. Rows wider than 4096, which the 8B shapes never take.
+SyntheticShape llama2_13b() {
+  SyntheticShape s;
+  s.arch = "llama";
+  s.name = "Llama-2-13B shape (random)";
+  s.n_layer = 40;
+  s.n_embd = 5120;
+  s.n_head = 40;
+  s.n_head_kv = 40;
+  s.head_dim = 128;
+  s.n_ff = 13824;
+  s.n_vocab = 32000;
+  s.n_ctx_train = 4096;
+  s.rope_base = 10000.0f;
+  s.rms_eps = 1e-5f;
+  return s;
+}
+
 // Qwen3-30B-A3B (HF config): 48 layers, 128 experts of width 768, 8 used, q/k norms.
 SyntheticShape qwen3_30b_a3b() {
   SyntheticShape s;
@@ -100,13 +119,14 @@ SyntheticShape test_tiny() {
 }  // namespace
 
 std::vector<std::string> synthetic_preset_names() {
-  return {"llama3-1b", "llama3-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "test-tiny"};
+  return {"llama3-1b", "llama3-8b", "llama2-13b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "test-tiny"};
 }
 
 SyntheticShape synthetic_preset(std::string_view name) {
   // Llama-3.2-1B's shape with an untied output matrix (about 1.5 B parameters).
   if (name == "llama3-1b") return llama3("Llama-3.2-1B shape (random)", 16, 2048, 8192, 131072);
   if (name == "llama3-8b") return llama3("Llama-3-8B shape (random)", 32, 4096, 14336, 8192);
+  if (name == "llama2-13b") return llama2_13b();
   if (name == "qwen3-30b-a3b") return qwen3_30b_a3b();
   if (name == "qwen3-next-80b-a3b") return qwen3_next_80b_a3b();
   if (name == "test-tiny") return test_tiny();
