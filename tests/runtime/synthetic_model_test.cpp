@@ -146,6 +146,29 @@ TEST(Synth, Q4KMMixFollowsLlamaCppRule) {
   EXPECT_EQ(type["token_embd.weight"], GgmlType::Q4_K);
 }
 
+TEST(Synth, Llama2_13bPresetHasThePublishedShape) {
+  // Llama-2-13B's published configuration: hidden 5120, 40 layers, intermediate 13824, 40
+  // attention heads without grouping, vocabulary 32000, untied output; 13.0 B parameters.
+  SynthOptions o;
+  o.type = GgmlType::F16;
+  const std::vector<SyntheticTensor> tensors = synthetic_tensors(synthetic_preset("llama2-13b"), o);
+  std::map<std::string, std::vector<int64_t>> shape;
+  int64_t params = 0;
+  for (const SyntheticTensor& t : tensors) {
+    shape[t.name] = t.shape;
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    params += n;
+  }
+  EXPECT_EQ(tensors.size(), size_t(40 * 9 + 3));
+  EXPECT_EQ(shape["token_embd.weight"], (std::vector<int64_t>{5120, 32000}));
+  EXPECT_EQ(shape["output.weight"], (std::vector<int64_t>{5120, 32000}));
+  EXPECT_EQ(shape["blk.39.attn_k.weight"], (std::vector<int64_t>{5120, 5120}));
+  EXPECT_EQ(shape["blk.39.ffn_gate.weight"], (std::vector<int64_t>{5120, 13824}));
+  EXPECT_EQ(shape["blk.39.ffn_down.weight"], (std::vector<int64_t>{13824, 5120}));
+  EXPECT_NEAR(double(params), 13.016e9, 0.01e9);
+}
+
 TEST(Synth, Qwen3NextNamesMatchLlamaCppConverter) {
   // Tensor names and shapes of our qwen3next layout, checked against the tiny model that
   // llama.cpp's converter wrote (same structure at a small scale).
