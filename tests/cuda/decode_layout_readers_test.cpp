@@ -147,7 +147,7 @@ void expect_same_decode(const char* model) {
   block_layout.interleaved_decode = false;
   const OptionDecode plain = decode_with_options(*file, block_layout, prompt);
   CudaOptions all_interleaved;
-  all_interleaved.interleaved_min_cols = 0, all_interleaved.interleaved_q4_k = true;
+  all_interleaved.interleaved_min_cols = 0, all_interleaved.interleaved_q4_k = CudaOptions::Q4KLayout::All;
   bool took_layout = false;
   auto check_layout = [&](const Model& m) {
     took_layout = cuda::is_interleaved(m.weights().layers[0].ffn_gate.data, 1);

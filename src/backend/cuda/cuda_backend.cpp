@@ -52,7 +52,9 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_FUSED", "0")) options_.fused = false;
   if (cuda::env_is("KILN_CUDA_MIXED_PARTS", "0")) options_.mixed_parts = false;
   if (cuda::env_is("KILN_CUDA_INTERLEAVED", "0")) options_.interleaved_decode = false;
-  if (cuda::env_is("KILN_CUDA_INTERLEAVED", "2")) options_.interleaved_q4_k = true;
+  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "none")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::None;
+  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "gate_up")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::GateUp;
+  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "all")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::All;
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
   if (cuda::env_is("KILN_CUDA_STEP_IO", "0")) options_.step_io_in_graph = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
@@ -193,8 +195,20 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
   return t;
 }
 
+namespace {
+// A GGUF name of a feed-forward gate or up matrix ("blk.N.ffn_gate.weight", also a shared
+// expert's "ffn_gate_shexp"), not a MoE router ("ffn_gate_inp").
+bool is_gate_or_up(std::string_view name) {
+  const auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };
+  return (has("ffn_gate") && !has("ffn_gate_inp")) || has("ffn_up");
+}
+}  // namespace
+
 bool CudaBackend::can_interleave(const Tensor& weight) const {
-  return options_.interleaved_decode && (weight.dtype != GgmlType::Q4_K || options_.interleaved_q4_k) &&
+  using Q4K = CudaOptions::Q4KLayout;
+  const bool q4_k_taken = options_.interleaved_q4_k == Q4K::All ||
+                          (options_.interleaved_q4_k == Q4K::GateUp && is_gate_or_up(weight.name));
+  return options_.interleaved_decode && (weight.dtype != GgmlType::Q4_K || q4_k_taken) &&
          weight.ne[0] >= options_.interleaved_min_cols && weight.ne[2] == 1 && weight.ne[3] == 1 &&
          cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]);
 }

@@ -59,11 +59,14 @@ struct CudaOptions {
   int int8_glu_epilogue = 2;
   // q4_0 / q8_0 weights are permuted at load into the warp-interleaved layout that the decode
   // products load straight into registers (decode_layout.h; prefill's dequantization and
-  // get_rows read it too); with interleaved_q4_k, q4_K weights too (off: Llama-3-8B Q4_K_M
-  // decode measured 3.8% slower with it, Qwen3-30B-A3B 0.5% faster; docs/perf-notes.md, round
-  // 14). KILN_CUDA_INTERLEAVED=0 keeps the block layout, =2 adds q4_K.
+  // get_rows read it too). KILN_CUDA_INTERLEAVED=0 keeps the block layout.
   bool interleaved_decode = true;
-  bool interleaved_q4_k = false;
+  // Which q4_K matrices take it too: gate / up only by default. Measured (docs/perf-notes.md,
+  // round 18), ms a step, none / gate_up / all: Llama-3-8B Q4_K_M 1.883 / 1.876 / 1.936; an
+  // all-q4_K Llama-3-8B 1.708 / 1.684 / 1.680; Qwen3-30B-A3B Q4_K_M (no q4_K gate / up outside
+  // the experts) 1.964 / - / 1.982. KILN_CUDA_INTERLEAVED_Q4K=none / gate_up / all sets it.
+  enum class Q4KLayout { None, GateUp, All };
+  Q4KLayout interleaved_q4_k = Q4KLayout::GateUp;
   // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
   // 8 lanes a row, which read the layout slower than the copy stages (docs/perf-notes.md).
   int64_t interleaved_min_cols = 2304;

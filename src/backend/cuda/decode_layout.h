@@ -18,7 +18,7 @@
 // weights loaded side by side keep their offsets.
 //
 // The backend permutes q4_0 / q8_0 matrices in place at load (CudaOptions::interleaved_decode,
-// on by default; KILN_CUDA_INTERLEAVED=0 turns it off; q4_K ones with interleaved_q4_k) and
+// on by default; KILN_CUDA_INTERLEAVED=0 turns it off; q4_K ones as interleaved_q4_k says) and
 // registers them here. The readers that know the layout (the grouped products, the int8 glu
 // kernel, dequantize_rows for prefill's slabs and get_rows) look their weights up by address;
 // every other reader of these types refuses registered ones rather than read them as blocks.

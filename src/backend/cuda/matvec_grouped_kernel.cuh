@@ -108,27 +108,33 @@ struct GroupQ4_K {
   __device__ static int byte_at(const uint32_t (&g)[N], int b) {
     return int((g[b / 4] >> (8 * (b % 4))) & 0xffu);
   }
+  // Word 0 (d, dmin, the 12 bytes of scales) is read by every block of the group: the dot
+  // takes it from `head`, a copy made at the group's start (accumulate_group_words), so that
+  // the interleaved kernel can reload word 0 of the next item before this item's blocks
+  // instead of after the last one.
+  static constexpr int kHeadWords = 4;
   template <int N>
-  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+  __device__ static float dot(const uint32_t (&g)[N], const uint32_t (&head)[kHeadWords], int j, const int* x,
+                              float2 ds) {
     const int base = 16 + 32 * (j / 2), shift = 4 * (j % 2);
     int sum = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) sum = dot4(int((g[base / 4 + k] >> shift) & 0x0F0F0F0Fu), x[k], sum);
     int scale, min;
     if (j < 4) {
-      scale = byte_at(g, 4 + j) & 63;
-      min = byte_at(g, 8 + j) & 63;
+      scale = byte_at(head, 4 + j) & 63;
+      min = byte_at(head, 8 + j) & 63;
     } else {
-      scale = (byte_at(g, 8 + j) & 0xF) | ((byte_at(g, j) >> 6) << 4);
-      min = (byte_at(g, 8 + j) >> 4) | ((byte_at(g, 4 + j) >> 6) << 4);
+      scale = (byte_at(head, 8 + j) & 0xF) | ((byte_at(head, j) >> 6) << 4);
+      min = (byte_at(head, 8 + j) >> 4) | ((byte_at(head, 4 + j) >> 6) << 4);
     }
-    const float d = half_to_float(g[0]), dmin = half_to_float(g[0] >> 16);
+    const float d = half_to_float(head[0]), dmin = half_to_float(head[0] >> 16);
     return __fsub_rn(__fmul_rn(__fmul_rn(__fmul_rn(d, float(scale)), ds.x), float(sum)),  // as GroupQ4_0
                      __fmul_rn(__fmul_rn(dmin, float(min)), ds.y));
   }
-  // The last block j that reads 16-byte word k: word 0 (d, dmin, the scales) serves all eight,
-  // words 1 + 2p and 2 + 2p the nibbles of blocks 2p and 2p + 1.
-  static constexpr int last_block_reading(int k) { return k == 0 ? kGroupBlocks - 1 : 2 * ((k - 1) / 2) + 1; }
+  // The last block j that reads 16-byte word k: word 0 (d, dmin, the scales) none, its copy
+  // serves all eight; words 1 + 2p and 2 + 2p hold the nibbles of blocks 2p and 2p + 1.
+  static constexpr int last_block_reading(int k) { return k == 0 ? -1 : 2 * ((k - 1) / 2) + 1; }
 };
 
 // A q6_K super-block: 128 bytes of low nibbles (ql), 64 bytes of high 2-bit pairs (qh), 16
@@ -262,6 +268,15 @@ __device__ __forceinline__ void load_words(uint32_t (&g)[group_words<Fmt>()], co
 template <typename Fmt, bool kReload = false>
 __device__ __forceinline__ void accumulate_group_words(uint32_t (&g)[group_words<Fmt>()], const int4* xg,
                                                        const float4* dg, float& acc, const WordAddress& next = {}) {
+  // Formats whose first 16-byte word every block reads (GroupQ4_K) dot from a copy of it, and
+  // that word of the next item is reloaded at once.
+  constexpr bool kHead = requires { Fmt::kHeadWords; };
+  uint32_t head[4];
+  if constexpr (kHead) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) head[k] = g[k];
+    if (kReload && next.first) load_word<Fmt>(g, next, 0);
+  }
 #pragma unroll
   for (int j = 0; j < kGroupBlocks; j += 2) {
     const float4 d2 = dg[j / 2];
@@ -269,7 +284,12 @@ __device__ __forceinline__ void accumulate_group_words(uint32_t (&g)[group_words
     for (int h = 0; h < 2; ++h) {
       const int4 a = xg[2 * (j + h)], b = xg[2 * (j + h) + 1];
       const int x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-      const float dot = Fmt::dot(g, j + h, x, h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w));
+      const float2 ds = h == 0 ? make_float2(d2.x, d2.y) : make_float2(d2.z, d2.w);
+      float dot;
+      if constexpr (kHead)
+        dot = Fmt::dot(g, head, j + h, x, ds);
+      else
+        dot = Fmt::dot(g, j + h, x, ds);
       if constexpr (Fmt::kExactSum)
         acc = __fadd_rn(acc, dot);  // the interleaved and copy-stage paths give the same bits
       else
