@@ -13,7 +13,7 @@ K=$1
 M=$2
 shift 2
 ops=("$@")
-[ ${#ops[@]} -eq 0 ] && ops=(qkv_rope_kv_store rope_kv_store norm_rope_kv_store attention matmul_parts rmsnorm_matmul_parts glu rope_table)
+[ ${#ops[@]} -eq 0 ] && ops=(qkv_rope_kv_store rope_kv_store norm_rope_kv_store attention matmul_parts rmsnorm_matmul_parts gate_up_glu glu rope_table)
 step_ms() {
   KILN_CUDA_STEP_TIMING=1 KILN_CUDA_SKIP_OPS="$1" timeout 120 "$K" bench -m "$M" -p 16 -n 128 -r 2 --device cuda 2>&1 |
     grep -o "[0-9.]* ms of GPU time" | head -1
