@@ -125,7 +125,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, DecodeLayoutReaders,
                          ::testing::Values(Shape{GgmlType::Q4_0, 64, 4096}, Shape{GgmlType::Q8_0, 64, 4096},
                                            Shape{GgmlType::Q4_0, 24, 14336}, Shape{GgmlType::Q8_0, 10, 14336},
                                            Shape{GgmlType::Q4_0, 18, 3840}, Shape{GgmlType::Q8_0, 40, 2048},
-                                           Shape{GgmlType::Q4_K, 64, 4096}, Shape{GgmlType::Q4_K, 10, 14336}),
+                                           Shape{GgmlType::Q4_K, 64, 4096}, Shape{GgmlType::Q4_K, 10, 14336},
+                                           Shape{GgmlType::Q6_K, 64, 4096}, Shape{GgmlType::Q6_K, 10, 14336},
+                                           Shape{GgmlType::Q6_K, 12, 6144}),
                          [](const ::testing::TestParamInfo<Shape>& info) { return info.param.name(); });
 
 }  // namespace
@@ -148,6 +150,7 @@ void expect_same_decode(const char* model) {
   const OptionDecode plain = decode_with_options(*file, block_layout, prompt);
   CudaOptions all_interleaved;
   all_interleaved.interleaved_min_cols = 0, all_interleaved.interleaved_q4_k = CudaOptions::Q4KLayout::All;
+  all_interleaved.interleaved_q6_k = CudaOptions::Q6KLayout::All;
   bool took_layout = false;
   auto check_layout = [&](const Model& m) {
     took_layout = cuda::is_interleaved(m.weights().layers[0].ffn_gate.data, 1);

@@ -1,4 +1,4 @@
-// The warp-interleaved layout of q4_0 / q8_0 / q4_K decode weights (backend/cuda/decode_layout.h):
+// The warp-interleaved layout of q4_0 / q8_0 / q4_K / q6_K decode weights (backend/cuda/decode_layout.h):
 // the grouped products (and the int8 glu kernel) over weights permuted into the layout and
 // registered give the bits they give over the block layout (the same groups, dotted and
 // summed in the same order), and the registry answers for whole tiles inside a registered
@@ -49,7 +49,10 @@ TEST(DecodeLayoutRegistry, SaysWhichMatricesCanTakeTheLayout) {
   EXPECT_FALSE(interleavable(GgmlType::Q4_0, 7, 4096)) << "rows of 16 groups take tiles of two";
   EXPECT_FALSE(interleavable(GgmlType::Q4_0, 8, 4000)) << "not whole groups of 256";
   EXPECT_TRUE(interleavable(GgmlType::Q4_K, 8, 4096)) << "one q4_K block a group";
-  EXPECT_FALSE(interleavable(GgmlType::Q6_K, 8, 4096)) << "210-byte blocks are not whole 16-byte words";
+  EXPECT_TRUE(interleavable(GgmlType::Q6_K, 8, 4096)) << "16 groups of 210 bytes: tiles of whole words";
+  EXPECT_TRUE(interleavable(GgmlType::Q6_K, 3, 14336)) << "56 groups, a row a tile";
+  EXPECT_FALSE(interleavable(GgmlType::Q6_K, 8, 2816)) << "11 groups of 210 bytes: tiles of part words";
+  EXPECT_FALSE(interleavable(GgmlType::Q5_K, 8, 4096)) << "not a type of the layout";
 }
 
 struct LayoutCase {
@@ -136,14 +139,20 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{GgmlType::Q8_0, 2816, {40}, true},           // 11 groups
                       LayoutCase{GgmlType::Q4_K, 4096, {96, 32, 32}, true},
                       LayoutCase{GgmlType::Q4_K, 14336, {70}, false},
-                      LayoutCase{GgmlType::Q4_K, 2816, {18, 6}, false}));
+                      LayoutCase{GgmlType::Q4_K, 2816, {18, 6}, false},
+                      // q6_K: 13 words a group and d apart (rows of a multiple of 8 groups)
+                      LayoutCase{GgmlType::Q6_K, 4096, {96, 32, 32}, true},
+                      LayoutCase{GgmlType::Q6_K, 4096, {130}, false},
+                      LayoutCase{GgmlType::Q6_K, 14336, {70}, false},
+                      LayoutCase{GgmlType::Q6_K, 6144, {40}, false},   // 24 groups: 32 lanes, one chunk
+                      LayoutCase{GgmlType::Q6_K, 2048, {64}, true}));  // 8 groups: 8 lanes a row
 
 // gate / up with the glu in the epilogue (the int8 glu kernel, matvec_grouped_glu.cu): from the
 // interleaved layout, gate, up, the activation and its int8 copy are the block layout's bits.
 // Llama-3-8B's width, 96 rows (3 h-blocks), the norm inside.
 TEST(DecodeLayoutGlu, ProductsGiveTheBlockLayoutsBits) {
   KILN_REQUIRE_GPU();
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K}) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
     SCOPED_TRACE(type_name(type));
     constexpr int64_t K = 4096, N = 96;
     const int64_t w_row = K / traits(type).block_size * traits(type).type_size;

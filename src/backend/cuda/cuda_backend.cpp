@@ -55,6 +55,9 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "none")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::None;
   if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "gate_up")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::GateUp;
   if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "all")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::All;
+  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q6K", "none")) options_.interleaved_q6_k = CudaOptions::Q6KLayout::None;
+  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q6K", "down")) options_.interleaved_q6_k = CudaOptions::Q6KLayout::Down;
+  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q6K", "all")) options_.interleaved_q6_k = CudaOptions::Q6KLayout::All;
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
   if (cuda::env_is("KILN_CUDA_STEP_IO", "0")) options_.step_io_in_graph = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
@@ -202,13 +205,19 @@ bool is_gate_or_up(std::string_view name) {
   const auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };
   return (has("ffn_gate") && !has("ffn_gate_inp")) || has("ffn_up");
 }
+// A GGUF name of a feed-forward down matrix ("blk.N.ffn_down.weight").
+bool is_down(std::string_view name) { return name.find("ffn_down") != std::string_view::npos; }
 }  // namespace
 
 bool CudaBackend::can_interleave(const Tensor& weight) const {
   using Q4K = CudaOptions::Q4KLayout;
+  using Q6K = CudaOptions::Q6KLayout;
   const bool q4_k_taken = options_.interleaved_q4_k == Q4K::All ||
                           (options_.interleaved_q4_k == Q4K::GateUp && is_gate_or_up(weight.name));
+  const bool q6_k_taken = options_.interleaved_q6_k == Q6K::All ||
+                          (options_.interleaved_q6_k == Q6K::Down && is_down(weight.name));
   return options_.interleaved_decode && (weight.dtype != GgmlType::Q4_K || q4_k_taken) &&
+         (weight.dtype != GgmlType::Q6_K || q6_k_taken) &&
          weight.ne[0] >= options_.interleaved_min_cols && weight.ne[2] == 1 && weight.ne[3] == 1 &&
          cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]);
 }

@@ -67,6 +67,11 @@ struct CudaOptions {
   // the experts) 1.964 / - / 1.982. KILN_CUDA_INTERLEAVED_Q4K=none / gate_up / all sets it.
   enum class Q4KLayout { None, GateUp, All };
   Q4KLayout interleaved_q4_k = Q4KLayout::GateUp;
+  // Which q6_K matrices take it (rows of a multiple of 2048 weights): none by default, as its
+  // speed is not measured yet; ffn_down only (Q4_K_M's q6_K matrices are half the layers'
+  // down and v, and the head), or all. KILN_CUDA_INTERLEAVED_Q6K=none / down / all sets it.
+  enum class Q6KLayout { None, Down, All };
+  Q6KLayout interleaved_q6_k = Q6KLayout::None;
   // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
   // 8 lanes a row, which read the layout slower than the copy stages (docs/perf-notes.md).
   int64_t interleaved_min_cols = 2304;

@@ -1,5 +1,5 @@
-// The warp-interleaved layout of q4_0 / q8_0 / q4_K weights (see decode_layout.h): the
-// permuting kernel and the registry of matrices in the layout.
+// The warp-interleaved layout of q4_0 / q8_0 / q4_K / q6_K weights (see decode_layout.h): the
+// permuting kernels and the registry of matrices in the layout.
 #include "backend/cuda/decode_layout.h"
 
 #include <algorithm>
@@ -28,6 +28,27 @@ __global__ void interleave_kernel(const uint4* __restrict__ src, uint4* __restri
   }
 }
 
+// q6_K: one thread per group of the source (210 bytes at an even offset): its 13 words and
+// its d to their places in the tile (decode_layout.h).
+__global__ void interleave_q6_k_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t rows,
+                                       int64_t groups) {
+  constexpr int kGroupBytes = 210;
+  const int64_t total = rows * groups;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / groups, group = i % groups;
+    const auto* from = reinterpret_cast<const uint16_t*>(src + i * kGroupBytes);
+    for (int k = 0; k < kQ6KLayoutWords; ++k) {
+      uint16_t h[8];
+      for (int e = 0; e < 8; ++e) h[e] = from[8 * k + e];
+      uint4 word;
+      word.x = h[0] | uint32_t(h[1]) << 16, word.y = h[2] | uint32_t(h[3]) << 16;
+      word.z = h[4] | uint32_t(h[5]) << 16, word.w = h[6] | uint32_t(h[7]) << 16;
+      reinterpret_cast<uint4*>(dst)[interleaved_q6_k_word(row, group, k, groups)] = word;
+    }
+    *reinterpret_cast<uint16_t*>(dst + interleaved_q6_k_d_byte(row, group, groups)) = from[104];
+  }
+}
+
 std::mutex g_matrices_mutex;
 std::map<const uint8_t*, size_t> g_matrices;  // first byte -> size
 
@@ -36,23 +57,29 @@ std::map<const uint8_t*, size_t> g_matrices;  // first byte -> size
 bool interleavable(GgmlType type, int64_t rows, int64_t cols) {
   if (!interleaved_type(type)) return false;
   if (cols <= 0 || cols % kGroupWeights != 0 || rows <= 0) return false;
+  if (type == GgmlType::Q6_K && (cols / kGroupWeights) % 8 != 0) return false;  // tiles of whole words
   return rows % interleave_tile_rows(cols / kGroupWeights) == 0;
 }
 
 Status interleave_in_place(GgmlType type, void* w, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (!interleavable(type, rows, cols))
-    return Status::invalid("interleave_in_place: only q4_0 / q8_0 / q4_K rows of whole 256-weight groups, in whole "
-                           "tiles of rows");
+    return Status::invalid("interleave_in_place: only q4_0 / q8_0 / q4_K / q6_K rows of whole 256-weight groups (q6_K: "
+                           "of a multiple of 8), in whole tiles of rows");
   const int64_t groups = cols / kGroupWeights;
-  const int64_t words = rows * groups * group_words(type);
+  const bool q6_k = type == GgmlType::Q6_K;
+  const int64_t words = q6_k ? rows * groups * 210 / 16 : rows * groups * group_words(type);
   void* copy = nullptr;
   if (cudaError_t e = cudaMalloc(&copy, size_t(words) * 16); e != cudaSuccess)
     return Status::from_cuda(e, "cudaMalloc (interleaving copy)");
   cudaError_t e = cudaMemcpyAsync(copy, w, size_t(words) * 16, cudaMemcpyDeviceToDevice, stream);
   if (e == cudaSuccess) {
     const int blocks = int(std::min<int64_t>((words + 255) / 256, 65536));
-    interleave_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(copy), static_cast<uint4*>(w), rows,
-                                                  groups, int(group_words(type)));
+    if (q6_k)
+      interleave_q6_k_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint8_t*>(copy), static_cast<uint8_t*>(w),
+                                                         rows, groups);
+    else
+      interleave_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(copy), static_cast<uint4*>(w), rows,
+                                                    groups, int(group_words(type)));
     e = cudaGetLastError();
   }
   const cudaError_t synced = cudaStreamSynchronize(stream);

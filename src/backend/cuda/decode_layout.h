@@ -1,6 +1,6 @@
 #pragma once
-// The warp-interleaved layout of q4_0 / q8_0 / q4_K weights, which the int8 decode products
-// read.
+// The warp-interleaved layout of q4_0 / q8_0 / q4_K / q6_K weights, which the int8 decode
+// products read.
 //
 // The grouped decode kernel (matvec_grouped_kernel.cuh) gives each lane one group of 256
 // weights of a row per item (8 blocks of q4_0, 144 bytes, or of q8_0, 272; one q4_K block,
@@ -10,7 +10,7 @@
 // lane's group from consecutive addresses: the lanes load their groups straight into
 // registers, coalesced.
 //
-// Layout (16-byte words; W = 9 or 17 words a group, L lanes a row: 16 for rows of at most 16
+// Layout (16-byte words; W = 9 or 17 words a group (q6_K: below), L lanes a row: 16 for rows of at most 16
 // groups, two rows a tile, else 32, one row a tile; S = 32 / L rows a tile): the rows' bytes
 // stay where they were by row blocks of S rows; within a row block, chunk c (groups
 // c*L .. c*L + G - 1, G = min(L, groups - c*L)) starts at word c*S*L*W, and word k of the group
@@ -18,7 +18,8 @@
 // weights loaded side by side keep their offsets.
 //
 // The backend permutes q4_0 / q8_0 matrices in place at load (CudaOptions::interleaved_decode,
-// on by default; KILN_CUDA_INTERLEAVED=0 turns it off; q4_K ones as interleaved_q4_k says) and
+// on by default; KILN_CUDA_INTERLEAVED=0 turns it off; q4_K and q6_K ones as interleaved_q4_k
+// and interleaved_q6_k say) and
 // registers them here. The readers that know the layout (the grouped products, the int8 glu
 // kernel, dequantize_rows for prefill's slabs and get_rows) look their weights up by address;
 // every other reader of these types refuses registered ones rather than read them as blocks.
@@ -53,12 +54,27 @@ constexpr int64_t interleaved_word(int64_t row, int64_t group, int k, int64_t gr
          slot * chunk_groups + (int(group) & (lanes - 1));
 }
 
-// The types the layout takes: groups of 256 weights in whole 16-byte words.
+// q6_K groups are 210 bytes: 13 words (ql, qh and the scales, bytes 0-207) and d (2 bytes). A
+// tile of S rows of G groups (S * G * 210 bytes, whole words when G is a multiple of 8) holds
+// the groups' 13 words as interleaved_word places them (words = 13, counted from the tile's
+// start), then the tile's d's, slot-major: d of (slot, group) at byte S * G * 208 +
+// 2 * (slot * G + group) of the tile. A permutation within the tile, as for the other types.
+constexpr int kQ6KLayoutWords = 13;
+constexpr int64_t interleaved_q6_k_word(int64_t row, int64_t group, int k, int64_t groups) {
+  const int slot = int(row) & (interleave_tile_rows(groups) - 1);
+  return (row - slot) * groups * 210 / 16 + interleaved_word(slot, group, k, groups, kQ6KLayoutWords);
+}
+constexpr int64_t interleaved_q6_k_d_byte(int64_t row, int64_t group, int64_t groups) {
+  const int slots = interleave_tile_rows(groups), slot = int(row) & (slots - 1);
+  return (row - slot) * groups * 210 + slots * groups * 208 + 2 * (slot * groups + group);
+}
+
+// The types the layout takes: groups of 256 weights in whole 16-byte words, and q6_K.
 constexpr bool interleaved_type(GgmlType type) {
-  return type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K;
+  return type == GgmlType::Q4_0 || type == GgmlType::Q8_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K;
 }
 // Whether a rows x cols matrix of `type` can take the layout: an interleaved_type, whole
-// groups of 256 weights, whole tiles of rows.
+// groups of 256 weights, whole tiles of rows (for q6_K, rows of a multiple of 8 groups).
 bool interleavable(GgmlType type, int64_t rows, int64_t cols);
 
 // Permutes w's rows x cols weights (device memory) into the layout, through a temporary copy

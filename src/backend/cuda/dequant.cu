@@ -87,21 +87,43 @@ __global__ void __launch_bounds__(kDequantThreads)
                                       static_cast<typename Store<kOut>::T*>(dst) + r * dst_stride);
 }
 
-// Rows of a q4_0 / q8_0 / q4_K matrix in the interleaved layout (decode_layout.h; `matrix` is its
-// first byte, source rows count from its row `first_row`): each block first gathers its
-// source row's words back into the block layout in shared memory, then decodes as above.
+// Rows of a q4_0 / q8_0 / q4_K / q6_K matrix in the interleaved layout (decode_layout.h;
+// `matrix` is its first byte, source rows count from its row `first_row`): each block first
+// gathers its source row's words back into the block layout in shared memory, then decodes as
+// above.
 template <typename Fmt, OutType kOut, bool kVectorStore>
 __global__ void __launch_bounds__(kDequantThreads)
     dequant_interleaved_kernel(const uint4* __restrict__ matrix, int64_t first_row, int64_t cols,
                                const int32_t* __restrict__ ids, int64_t src_rows, void* dst, int64_t dst_stride) {
   extern __shared__ uint4 row_s[];
-  constexpr int kWords = 256 / Fmt::kElems * Fmt::kBytes / 16;  // a group of 256 weights
   const int64_t r = blockIdx.x;
   const int64_t sr = source_row(ids, r, src_rows);
-  const int64_t groups = cols / 256, row_words = groups * kWords;
-  if (sr >= 0)
-    for (int64_t w = threadIdx.x; w < row_words; w += kDequantThreads)
-      row_s[w] = matrix[interleaved_word(first_row + sr, w / kWords, int(w % kWords), groups, kWords)];
+  const int64_t groups = cols / 256;
+  if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q6_K>>) {
+    // A group's 13 words and its d back to its 210 bytes (an even offset: 2-byte stores).
+    auto* row_h = reinterpret_cast<uint16_t*>(row_s);
+    constexpr int kLoads = kQ6KLayoutWords + 1;
+    if (sr >= 0)
+      for (int64_t w = threadIdx.x; w < groups * kLoads; w += kDequantThreads) {
+        const int64_t group = w / kLoads, row = first_row + sr;
+        const int k = int(w % kLoads);
+        uint16_t* to = row_h + group * 105 + 8 * k;
+        if (k == kQ6KLayoutWords) {
+          *to = *reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(matrix) +
+                                                   interleaved_q6_k_d_byte(row, group, groups));
+        } else {
+          const uint4 v = matrix[interleaved_q6_k_word(row, group, k, groups)];
+          const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+          for (int e = 0; e < 8; ++e) to[e] = uint16_t(words[e / 2] >> (16 * (e % 2)));
+        }
+      }
+  } else {
+    constexpr int kWords = 256 / Fmt::kElems * Fmt::kBytes / 16;  // a group of 256 weights
+    const int64_t row_words = groups * kWords;
+    if (sr >= 0)
+      for (int64_t w = threadIdx.x; w < row_words; w += kDequantThreads)
+        row_s[w] = matrix[interleaved_word(first_row + sr, w / kWords, int(w % kWords), groups, kWords)];
+  }
   __syncthreads();
   decode_row<Fmt, kOut, kVectorStore>(sr < 0 ? nullptr : reinterpret_cast<const uint8_t*>(row_s), cols,
                                       static_cast<typename Store<kOut>::T*>(dst) + r * dst_stride);
@@ -204,7 +226,8 @@ Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStrea
     visit_quant_format(a.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
       if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_0>> || std::is_same_v<Fmt, Format<GgmlType::Q8_0>> ||
-                    std::is_same_v<Fmt, Format<GgmlType::Q4_K>>) {  // interleaved_type
+                    std::is_same_v<Fmt, Format<GgmlType::Q4_K>> ||
+                    std::is_same_v<Fmt, Format<GgmlType::Q6_K>>) {  // interleaved_type
         switch (a.out) {
           case OutType::F32:
             s = launch_interleaved<Fmt, OutType::F32>(run, base, first_row, vector_store, stream);
@@ -217,7 +240,7 @@ Status dequantize_interleaved(const DequantArgs& a, bool vector_store, cudaStrea
             break;
         }
       } else {
-        s = Status::invalid("dequantize: only q4_0 / q8_0 / q4_K weights take the interleaved layout");
+        s = Status::invalid("dequantize: only q4_0 / q8_0 / q4_K / q6_K weights take the interleaved layout");
       }
     });
     if (!s.ok()) return s;

@@ -112,7 +112,7 @@ struct GroupQ4_K {
   // takes it from `head`, a copy made at the group's start (accumulate_group_words), so that
   // the interleaved kernel can reload word 0 of the next item before this item's blocks
   // instead of after the last one.
-  static constexpr int kHeadWords = 4;
+  static constexpr int kHeadWords = 4, kHeadFirst = 0;  // g[0..3]
   template <int N>
   __device__ static float dot(const uint32_t (&g)[N], const uint32_t (&head)[kHeadWords], int j, const int* x,
                               float2 ds) {
@@ -156,11 +156,27 @@ struct GroupQ4_K {
 // shifts per word to undo, against one funnel shift here.)
 // A row's chunks stay 16-byte multiples only when its super-blocks are a multiple of 8
 // (cols % 2048 == 0): matvec_grouped_fits checks it.
+//
+// In the interleaved layout (decode_layout.h) a group's first 208 bytes are 13 16-byte words
+// and d sits apart: a lane loads the words into g[0..51] and d into g[52] ("word" 13 of
+// load_word), the places Fmt::load gives them from a stage.
 struct GroupQ6_K {
-  // Not in the interleaved layout: the compiler may contract the sum over blocks.
-  static constexpr bool kExactSum = false;
+  // Rounded explicitly (dot and sum over blocks): a format of the interleaved layout.
+  static constexpr bool kExactSum = true;
   static constexpr int kGroupBytes = 210;
   static constexpr int kWords = 53;  // 52.5 words; the last one's upper half is not read
+  static constexpr int kLoadWords = kQ6KLayoutWords + 1;  // the 13 words, then d
+  // The scales (g[48..51]) and d (g[52]) are read by every block: the dot takes them from a
+  // copy made at the group's start (accumulate_group_words), as GroupQ4_K does its word 0.
+  static constexpr int kHeadWords = 5, kHeadFirst = 48;
+  // The last block j that reads load word k. Block 4h + m reads ql words 4h + 2(m % 2) and the
+  // next (blocks 4h + m and 4h + m + 2 share them, at the low and the high nibbles) and qh
+  // words 8 + 2h and the next; the scales (word 12) and d (13) are read from the copy.
+  static constexpr int last_block_reading(int k) {
+    if (k < 8) return 4 * (k / 4) + (k % 4) / 2 + 2;
+    if (k < 12) return k < 10 ? 3 : 7;
+    return -1;
+  }
   __device__ static void load(const uint8_t* group, uint32_t (&g)[kWords]) {
     const int misalign = int(reinterpret_cast<uintptr_t>(group) % 4);  // 0 or 2: groups start on even bytes
     const uint32_t* w = reinterpret_cast<const uint32_t*>(group - misalign);
@@ -171,7 +187,8 @@ struct GroupQ6_K {
     for (int k = 0; k < kWords; ++k) g[k] = __funnelshift_r(words[k], words[k + 1 < kWords ? k + 1 : k], 8 * misalign);
   }
   template <int N>
-  __device__ static float dot(const uint32_t (&g)[N], int j, const int* x, float2 ds) {
+  __device__ static float dot(const uint32_t (&g)[N], const uint32_t (&head)[kHeadWords], int j, const int* x,
+                              float2 ds) {
     const int h = j / 4, k = j % 4;
     const int ql = 16 * h + 8 * (k % 2), qh = 32 + 8 * h;  // word indices of the block's bytes
     // Weights 0-15 and 16-31 have their own scales. The levels (0..63) are dotted as they
@@ -185,15 +202,33 @@ struct GroupQ6_K {
       sum[i / 4] = dot4(int(level), x[i], sum[i / 4]);
       x_sum[i / 4] = dot4(0x01010101, x[i], x_sum[i / 4]);
     }
-    const int s = 192 + 8 * h + 2 * k;  // byte of the first scale
-    const int scale0 = int(int8_t(g[s / 4] >> (8 * (s % 4)))), scale1 = int(int8_t(g[s / 4] >> (8 * (s % 4 + 1))));
+    const int s = 8 * h + 2 * k;  // byte of the first scale, from byte 192 (head[0])
+    const int scale0 = int(int8_t(head[s / 4] >> (8 * (s % 4)))), scale1 = int(int8_t(head[s / 4] >> (8 * (s % 4 + 1))));
     const int total = scale0 * (sum[0] - 32 * x_sum[0]) + scale1 * (sum[1] - 32 * x_sum[1]);
-    return half_to_float(g[52] & 0xffffu) * ds.x * float(total);
+    return __fmul_rn(__fmul_rn(half_to_float(head[4] & 0xffffu), ds.x), float(total));
   }
 };
 
 template <typename Fmt>
 constexpr int group_bytes() { return Fmt::kGroupBytes; }
+
+// The words a format's dot reads from a copy (Fmt::kHeadWords), 1 (unused) where none.
+template <typename Fmt>
+constexpr int head_words() {
+  if constexpr (requires { Fmt::kHeadWords; })
+    return Fmt::kHeadWords;
+  else
+    return 1;
+}
+
+// The loads of a group in the interleaved layout: its 16-byte words (q6_K: and its d).
+template <typename Fmt>
+constexpr int layout_loads() {
+  if constexpr (requires { Fmt::kLoadWords; })
+    return Fmt::kLoadWords;
+  else
+    return Fmt::kGroupBytes / 16;
+}
 
 // Registers a lane's group occupies, and its load from the stage (`group`: the lane's bytes).
 // Groups of a multiple of 16 bytes sit 16-byte aligned: plain 16-byte loads.
@@ -237,20 +272,34 @@ struct SecondFormat {
 };
 
 // A group in the interleaved layout (decode_layout.h): where word k of this lane's group sits
-// (words k at first + k * step), or null where the lane has none.
+// (words k at first + k * step; a q6_K group's d at d), or null where the lane has none.
 struct WordAddress {
   const uint4* first = nullptr;
   int64_t step = 0;
+  const unsigned short* d = nullptr;
 };
 template <typename Fmt>
 __device__ __forceinline__ WordAddress interleaved_group(const uint8_t* w, int64_t row, int group, int groups) {
-  constexpr int kWords = Fmt::kGroupBytes / 16;
-  const int64_t first = interleaved_word(row, group, 0, groups, kWords);
-  const int64_t step = interleaved_word(row, group, 1, groups, kWords) - first;  // from word k to k + 1
-  return {reinterpret_cast<const uint4*>(w) + first, step};
+  if constexpr (std::is_same_v<Fmt, GroupQ6_K>) {
+    const int64_t first = interleaved_q6_k_word(row, group, 0, groups);
+    const int64_t step = interleaved_q6_k_word(row, group, 1, groups) - first;
+    return {reinterpret_cast<const uint4*>(w) + first, step,
+            reinterpret_cast<const unsigned short*>(w + interleaved_q6_k_d_byte(row, group, groups))};
+  } else {
+    constexpr int kWords = Fmt::kGroupBytes / 16;
+    const int64_t first = interleaved_word(row, group, 0, groups, kWords);
+    const int64_t step = interleaved_word(row, group, 1, groups, kWords) - first;  // from word k to k + 1
+    return {reinterpret_cast<const uint4*>(w) + first, step};
+  }
 }
 template <typename Fmt>
 __device__ __forceinline__ void load_word(uint32_t (&g)[group_words<Fmt>()], const WordAddress& a, int k) {
+  if constexpr (std::is_same_v<Fmt, GroupQ6_K>) {
+    if (k == kQ6KLayoutWords) {  // d, to where Fmt::load puts it
+      g[GroupQ6_K::kWords - 1] = __ldcs(a.d);
+      return;
+    }
+  }
   const uint4 v = __ldcs(a.first + k * a.step);  // read once a step
   g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
 }
@@ -258,7 +307,7 @@ template <typename Fmt>
 __device__ __forceinline__ void load_words(uint32_t (&g)[group_words<Fmt>()], const WordAddress& a) {
   if (!a.first) return;
 #pragma unroll
-  for (int k = 0; k < Fmt::kGroupBytes / 16; ++k) load_word<Fmt>(g, a, k);
+  for (int k = 0; k < layout_loads<Fmt>(); ++k) load_word<Fmt>(g, a, k);
 }
 // One lane's group in registers dotted with the group's int8 x and scales in shared memory,
 // added to acc. With kReload, each word of g is then reloaded from `next` (the next item's
@@ -268,14 +317,19 @@ __device__ __forceinline__ void load_words(uint32_t (&g)[group_words<Fmt>()], co
 template <typename Fmt, bool kReload = false>
 __device__ __forceinline__ void accumulate_group_words(uint32_t (&g)[group_words<Fmt>()], const int4* xg,
                                                        const float4* dg, float& acc, const WordAddress& next = {}) {
-  // Formats whose first 16-byte word every block reads (GroupQ4_K) dot from a copy of it, and
-  // that word of the next item is reloaded at once.
+  // Formats with words that every block reads (GroupQ4_K's d, dmin and scales; GroupQ6_K's
+  // scales and d) dot from a copy of them, and those words of the next item are reloaded at
+  // once (last_block_reading < 0).
   constexpr bool kHead = requires { Fmt::kHeadWords; };
-  uint32_t head[4];
+  uint32_t head[head_words<Fmt>()];
   if constexpr (kHead) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) head[k] = g[k];
-    if (kReload && next.first) load_word<Fmt>(g, next, 0);
+    for (int k = 0; k < Fmt::kHeadWords; ++k) head[k] = g[Fmt::kHeadFirst + k];
+    if constexpr (kReload) {
+#pragma unroll
+      for (int k = 0; k < layout_loads<Fmt>(); ++k)
+        if (Fmt::last_block_reading(k) < 0 && next.first) load_word<Fmt>(g, next, k);
+    }
   }
 #pragma unroll
   for (int j = 0; j < kGroupBlocks; j += 2) {
@@ -296,7 +350,7 @@ __device__ __forceinline__ void accumulate_group_words(uint32_t (&g)[group_words
         acc += dot;
       if constexpr (kReload) {
 #pragma unroll
-        for (int k = 0; k < Fmt::kGroupBytes / 16; ++k)
+        for (int k = 0; k < layout_loads<Fmt>(); ++k)
           if (Fmt::last_block_reading(k) == j + h && next.first) load_word<Fmt>(g, next, k);
       }
     }
@@ -311,14 +365,14 @@ __device__ __forceinline__ void accumulate_group(const uint8_t* group, const int
   accumulate_group_words<Fmt>(g, xg, dg, acc);
 }
 
-// Launches of one format that the layout of decode_layout.h takes (q4_0, q8_0, q4_K): the only
-// ones with the interleaved mode of the kernel below (kStages == 0: a lane loads its group with
-// coalesced 16-byte loads straight into registers, and the blocks hold no copy stages, only x,
-// in shared memory).
+// Launches of one format that the layout of decode_layout.h takes (q4_0, q8_0, q4_K, q6_K): the
+// only ones with the interleaved mode of the kernel below (kStages == 0: a lane loads its group
+// with coalesced 16-byte loads straight into registers, and the blocks hold no copy stages, only
+// x, in shared memory).
 template <typename Fmt, typename FmtB>
 constexpr bool grouped_interleavable() {
-  return std::is_same_v<Fmt, FmtB> &&
-         (std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ8_0> || std::is_same_v<Fmt, GroupQ4_K>);
+  return std::is_same_v<Fmt, FmtB> && (std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ8_0> ||
+                                       std::is_same_v<Fmt, GroupQ4_K> || std::is_same_v<Fmt, GroupQ6_K>);
 }
 // Launches of one format, q4_0 or q8_0: the only ones that read the residual's old value early.
 template <typename Fmt, typename FmtB>
