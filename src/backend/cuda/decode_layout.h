@@ -10,8 +10,8 @@
 // lane's group from consecutive addresses: the lanes load their groups straight into
 // registers, coalesced.
 //
-// Layout (16-byte words; W = 9 or 17 words a group (q6_K: below), L lanes a row: 16 for rows of at most 16
-// groups, two rows a tile, else 32, one row a tile; S = 32 / L rows a tile): the rows' bytes
+// Layout (16-byte words; W = 9 or 17 words a group, q6_K below; L lanes a row: 16 for rows of
+// at most 16 groups, two rows a tile, else 32, one row a tile; S = 32 / L rows a tile): the rows' bytes
 // stay where they were by row blocks of S rows; within a row block, chunk c (groups
 // c*L .. c*L + G - 1, G = min(L, groups - c*L)) starts at word c*S*L*W, and word k of the group
 // of row slot s, chunk lane li is at k*S*G + s*G + li. A permutation within each row block, so
