@@ -55,6 +55,36 @@ TEST(DecodeLayoutRegistry, SaysWhichMatricesCanTakeTheLayout) {
   EXPECT_FALSE(interleavable(GgmlType::Q5_K, 8, 4096)) << "not a type of the layout";
 }
 
+// Address arithmetic only (host): a q6_K tile's 13 words a group and its d's cover the tile's
+// bytes exactly once, and tiles follow each other at S * G * 210 bytes.
+TEST(DecodeLayoutQ6K, PlacesEveryByteOfATileOnce) {
+  for (const int64_t groups : {8, 16, 24, 40, 56}) {
+    SCOPED_TRACE("groups " + std::to_string(groups));
+    const int slots = interleave_tile_rows(groups);
+    const int64_t tile_bytes = slots * groups * 210;
+    ASSERT_EQ(tile_bytes % 16, 0);
+    for (const int64_t tile : {0, 3}) {
+      std::vector<int> covered(size_t(tile_bytes), 0);
+      const int64_t start = tile * tile_bytes;
+      auto mark = [&](int64_t byte, int n) {
+        for (int b = 0; b < n; ++b) {
+          const int64_t at = byte + b - start;
+          ASSERT_GE(at, 0);
+          ASSERT_LT(at, tile_bytes);
+          ++covered[size_t(at)];
+        }
+      };
+      for (int slot = 0; slot < slots; ++slot)
+        for (int64_t group = 0; group < groups; ++group) {
+          const int64_t row = tile * slots + slot;
+          for (int k = 0; k < kQ6KLayoutWords; ++k) mark(16 * interleaved_q6_k_word(row, group, k, groups), 16);
+          mark(interleaved_q6_k_d_byte(row, group, groups), 2);
+        }
+      for (size_t i = 0; i < covered.size(); ++i) ASSERT_EQ(covered[i], 1) << "byte " << i << " of tile " << tile;
+    }
+  }
+}
+
 struct LayoutCase {
   GgmlType type;
   int64_t cols;
