@@ -8,6 +8,10 @@
 
 #include <cstdint>
 
+#if KILN_CUDA_BLOCK_TRACE
+#include "backend/cuda/block_trace.cuh"  // timestamps at wait_for_previous_kernels()
+#endif
+
 namespace kiln::cuda::detail {
 
 inline constexpr int kWarpSize = 32;
@@ -122,7 +126,13 @@ __device__ __forceinline__ void cp_async_wait() {
 // Both are no-ops when the kernel was launched the ordinary way.
 __device__ __forceinline__ void wait_for_previous_kernels() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if KILN_CUDA_BLOCK_TRACE
+  const uint64_t arrived = block_trace::now();
+#endif
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#if KILN_CUDA_BLOCK_TRACE
+  block_trace::record(arrived, block_trace::now());
+#endif
 #endif
 }
 __device__ __forceinline__ void allow_next_kernel() {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/block_trace.h"
 #include "backend/cuda/decode_layout.h"
 #include "backend/cuda/dequant.h"
 #include "backend/cuda/device.h"
@@ -64,6 +65,15 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (const int e = cuda::env_int("KILN_CUDA_HALF_EPILOGUE", -1); e >= 0 && e <= 3) options_.half_epilogues = e;
   if (const int e = cuda::env_int("KILN_CUDA_GLU_EPILOGUE_Q8", -1); e >= 0 && e <= 2) options_.int8_glu_epilogue = e;
   check(cudaSetDevice(options.device), "cudaSetDevice");
+  if (const char* path = std::getenv("KILN_CUDA_BLOCK_TRACE_FILE"); path && *path) {
+    const int records = cuda::env_int("KILN_CUDA_BLOCK_TRACE_RECORDS", 1 << 22);
+    if (cuda::block_trace::enable(size_t(std::max(records, 1))))
+      block_trace_path_ = path;
+    else
+      std::fprintf(stderr, "kiln cuda: no block trace: %s\n",
+                   cuda::block_trace::compiled_in() ? "the trace buffer could not be set up"
+                                                    : "this build records none (configure with -DKILN_CUDA_BLOCK_TRACE=ON)");
+  }
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) fail("cuda backend: cublasCreate failed");
   cublasSetStream(blas_, stream_);
@@ -93,6 +103,14 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
 
 CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
+  if (!block_trace_path_.empty()) {
+    const int64_t written = cuda::block_trace::write_csv(block_trace_path_);
+    if (written < 0)
+      std::fprintf(stderr, "kiln cuda: cannot write the block trace to %s\n", block_trace_path_.c_str());
+    else
+      std::fprintf(stderr, "kiln cuda: %lld block records written to %s\n", static_cast<long long>(written),
+                   block_trace_path_.c_str());
+  }
   graphs_.reset();
   step_io_.reset();
   if (blas_) cublasDestroy(blas_);

@@ -330,6 +330,9 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kMoeRouteMaxTokens = 8;
   Scratch route_tickets_;
   int device_sms_ = 0;
+  // Where the per-block wait trace goes when this backend is destroyed (KILN_CUDA_BLOCK_TRACE_FILE;
+  // block_trace.h); empty: none.
+  std::string block_trace_path_;
 };
 
 }  // namespace kiln

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Reads a per-block wait trace (KILN_CUDA_BLOCK_TRACE_FILE from a build configured with
+-DKILN_CUDA_BLOCK_TRACE=ON; backend/cuda/block_trace.cuh) and prints, for each kernel of the last
+decode steps, when its blocks were released (its predecessors done) and how early they had
+arrived; then, per kernel shape, the medians over the trace.
+
+  KILN_CUDA_BLOCK_TRACE_FILE=t.csv kiln bench -m m.gguf -p 0 -n 32 -r 1 --device cuda
+  scripts/block-trace-summary.py t.csv [--last N]
+
+Kernels are told apart by their release: the blocks that waited were all released together when
+the kernel before completed (within `--gap` us), so each such cluster is one kernel; a block
+that arrived after its kernel's release (it did not wait) belongs to the latest cluster released
+before it arrived with the same shape (grid, block size, dynamic shared memory).
+
+Columns: `chain us`: this kernel's release to the next one's, i.e. this kernel's time in the
+chain after its inputs were ready; `early us`: how long before its release its first block
+arrived (room found beside the kernel before); `waited`: the share of its blocks that arrived
+before the release; `late us`: the last block's arrival after the release (blocks that only
+found room once the kernel before left)."""
+import argparse
+import csv
+import statistics
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    recs = []
+    for r in rows:
+        recs.append({
+            "arrived": int(r["arrived_ns"]), "released": int(r["released_ns"]),
+            "shape": (int(r["blocks"]), int(r["threads"]), int(r["dynamic_smem"])),
+        })
+    return recs
+
+
+def kernels(recs, gap_ns, min_wait_ns):
+    waited = sorted((r for r in recs if r["released"] - r["arrived"] >= min_wait_ns), key=lambda r: r["released"])
+    clusters = []
+    for r in waited:
+        c = clusters[-1] if clusters else None
+        if c and r["released"] - c["release"] <= gap_ns and r["shape"] == c["shape"]:
+            c["blocks"].append(r)
+        else:
+            clusters.append({"release": r["released"], "shape": r["shape"], "blocks": [r]})
+    releases = [c["release"] for c in clusters]
+    import bisect
+    for r in recs:
+        if r["released"] - r["arrived"] >= min_wait_ns:
+            continue
+        i = bisect.bisect_right(releases, r["arrived"]) - 1
+        while i >= 0 and clusters[i]["shape"] != r["shape"]:
+            i -= 1
+        if i >= 0:
+            clusters[i].setdefault("late", []).append(r)
+    return clusters
+
+
+def describe(shape):
+    blocks, threads, smem = shape
+    return f"{blocks}x{threads} {smem // 1024}K"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--last", type=int, default=40, help="kernels listed one by one (the last ones)")
+    ap.add_argument("--gap", type=float, default=0.5, help="us: releases closer than this are one kernel's")
+    ap.add_argument("--min-wait", type=float, default=0.1, help="us: a block waited if released this much later")
+    a = ap.parse_args()
+    recs = load(a.trace)
+    if not recs:
+        sys.exit("no records")
+    ks = kernels(recs, int(a.gap * 1000), int(a.min_wait * 1000))
+    rows = []
+    for i, k in enumerate(ks[:-1]):
+        blocks = k["blocks"] + k.get("late", [])
+        chain = (ks[i + 1]["release"] - k["release"]) / 1000
+        early = (k["release"] - min(b["arrived"] for b in blocks)) / 1000
+        late = max(0, max(b["arrived"] for b in blocks) - k["release"]) / 1000
+        rows.append((k["shape"], chain, early, len(k["blocks"]) / len(blocks), late))
+    print(f"{len(recs)} records, {len(ks)} kernels")
+    print(f"{'kernel shape':>22} {'chain us':>9} {'early us':>9} {'waited':>7} {'late us':>8}")
+    for shape, chain, early, share, late in rows[-a.last:]:
+        print(f"{describe(shape):>22} {chain:9.2f} {early:9.2f} {share:7.0%} {late:8.2f}")
+    print("\nmedians per kernel shape")
+    print(f"{'kernel shape':>22} {'n':>5} {'chain us':>9} {'early us':>9} {'waited':>7} {'late us':>8}")
+    by = {}
+    for r in rows:
+        by.setdefault(r[0], []).append(r)
+    for shape, rs in sorted(by.items(), key=lambda kv: -sum(r[1] for r in kv[1])):
+        med = [statistics.median(r[j] for r in rs) for j in (1, 2, 3, 4)]
+        print(f"{describe(shape):>22} {len(rs):5d} {med[0]:9.2f} {med[1]:9.2f} {med[2]:7.0%} {med[3]:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
