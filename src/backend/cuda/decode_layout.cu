@@ -13,7 +13,10 @@ namespace {
 
 constexpr int64_t kGroupWeights = 256;
 
-int64_t group_words(GgmlType type) { return type == GgmlType::Q8_0 ? 17 : 9; }  // q4_0, q4_K: 144 bytes
+// Bytes of a group of 256 weights: 144 (q4_0, q4_K), 272 (q8_0), 210 (q6_K).
+int64_t group_bytes(GgmlType type) {
+  return int64_t(traits(type).type_size) * (kGroupWeights / int64_t(traits(type).block_size));
+}
 
 // One thread per 16-byte word of the source: its row, group and word within the group give
 // its place in the layout.
@@ -32,11 +35,10 @@ __global__ void interleave_kernel(const uint4* __restrict__ src, uint4* __restri
 // its d to their places in the tile (decode_layout.h).
 __global__ void interleave_q6_k_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t rows,
                                        int64_t groups) {
-  constexpr int kGroupBytes = 210;
   const int64_t total = rows * groups;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / groups, group = i % groups;
-    const auto* from = reinterpret_cast<const uint16_t*>(src + i * kGroupBytes);
+    const auto* from = reinterpret_cast<const uint16_t*>(src + i * kQ6KGroupBytes);
     for (int k = 0; k < kQ6KLayoutWords; ++k) {
       uint16_t h[8];
       for (int e = 0; e < 8; ++e) h[e] = from[8 * k + e];
@@ -45,7 +47,7 @@ __global__ void interleave_q6_k_kernel(const uint8_t* __restrict__ src, uint8_t*
       word.z = h[4] | uint32_t(h[5]) << 16, word.w = h[6] | uint32_t(h[7]) << 16;
       reinterpret_cast<uint4*>(dst)[interleaved_q6_k_word(row, group, k, groups)] = word;
     }
-    *reinterpret_cast<uint16_t*>(dst + interleaved_q6_k_d_byte(row, group, groups)) = from[104];
+    *reinterpret_cast<uint16_t*>(dst + interleaved_q6_k_d_byte(row, group, groups)) = from[8 * kQ6KLayoutWords];
   }
 }
 
@@ -67,7 +69,7 @@ Status interleave_in_place(GgmlType type, void* w, int64_t rows, int64_t cols, c
                            "of a multiple of 8), in whole tiles of rows");
   const int64_t groups = cols / kGroupWeights;
   const bool q6_k = type == GgmlType::Q6_K;
-  const int64_t words = q6_k ? rows * groups * 210 / 16 : rows * groups * group_words(type);
+  const int64_t words = rows * groups * group_bytes(type) / 16;  // whole: see interleavable
   void* copy = nullptr;
   if (cudaError_t e = cudaMalloc(&copy, size_t(words) * 16); e != cudaSuccess)
     return Status::from_cuda(e, "cudaMalloc (interleaving copy)");
@@ -79,7 +81,7 @@ Status interleave_in_place(GgmlType type, void* w, int64_t rows, int64_t cols, c
                                                          rows, groups);
     else
       interleave_kernel<<<blocks, 256, 0, stream>>>(static_cast<const uint4*>(copy), static_cast<uint4*>(w), rows,
-                                                    groups, int(group_words(type)));
+                                                    groups, int(group_bytes(type) / 16));
     e = cudaGetLastError();
   }
   const cudaError_t synced = cudaStreamSynchronize(stream);

@@ -59,14 +59,14 @@ constexpr int64_t interleaved_word(int64_t row, int64_t group, int k, int64_t gr
 // the groups' 13 words as interleaved_word places them (words = 13, counted from the tile's
 // start), then the tile's d's, slot-major: d of (slot, group) at byte S * G * 208 +
 // 2 * (slot * G + group) of the tile. A permutation within the tile, as for the other types.
-constexpr int kQ6KLayoutWords = 13;
+constexpr int kQ6KGroupBytes = 210, kQ6KLayoutWords = 13;
 constexpr int64_t interleaved_q6_k_word(int64_t row, int64_t group, int k, int64_t groups) {
   const int slot = int(row) & (interleave_tile_rows(groups) - 1);
-  return (row - slot) * groups * 210 / 16 + interleaved_word(slot, group, k, groups, kQ6KLayoutWords);
+  return (row - slot) * groups * kQ6KGroupBytes / 16 + interleaved_word(slot, group, k, groups, kQ6KLayoutWords);
 }
 constexpr int64_t interleaved_q6_k_d_byte(int64_t row, int64_t group, int64_t groups) {
   const int slots = interleave_tile_rows(groups), slot = int(row) & (slots - 1);
-  return (row - slot) * groups * 210 + slots * groups * 208 + 2 * (slot * groups + group);
+  return (row - slot) * groups * kQ6KGroupBytes + slots * groups * 16 * kQ6KLayoutWords + 2 * (slot * groups + group);
 }
 
 // The types the layout takes: groups of 256 weights in whole 16-byte words, and q6_K.

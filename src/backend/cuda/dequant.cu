@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kDequantThreads)
       for (int64_t w = threadIdx.x; w < groups * kLoads; w += kDequantThreads) {
         const int64_t group = w / kLoads, row = first_row + sr;
         const int k = int(w % kLoads);
-        uint16_t* to = row_h + group * 105 + 8 * k;
+        uint16_t* to = row_h + group * (kQ6KGroupBytes / 2) + 8 * k;
         if (k == kQ6KLayoutWords) {
           *to = *reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(matrix) +
                                                    interleaved_q6_k_d_byte(row, group, groups));
