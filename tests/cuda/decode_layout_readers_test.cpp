@@ -149,8 +149,8 @@ void expect_same_decode(const char* model) {
   block_layout.interleaved_decode = false;
   const OptionDecode plain = decode_with_options(*file, block_layout, prompt);
   CudaOptions all_interleaved;
-  all_interleaved.interleaved_min_cols = 0, all_interleaved.interleaved_q4_k = CudaOptions::Q4KLayout::All;
-  all_interleaved.interleaved_q6_k = CudaOptions::Q6KLayout::All;
+  all_interleaved.interleaved_min_cols = 0, all_interleaved.interleaved_q4_k = cuda::kLayoutAll;
+  all_interleaved.interleaved_q6_k = cuda::kLayoutAll;
   bool took_layout = false;
   auto check_layout = [&](const Model& m) {
     took_layout = cuda::is_interleaved(m.weights().layers[0].ffn_gate.data, 1);

@@ -13,6 +13,7 @@
 #include "backend/cuda/dequant.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/env_switch.h"
+#include "backend/cuda/layout_roles.h"
 #include "formats/gguf.h"
 
 namespace kiln {
@@ -43,6 +44,20 @@ class DeviceBuffer final : public Buffer {
 
 using cuda_memory::check;
 
+namespace {
+// A set of layout roles from the variable `name` (layout_roles.h), left as it is when the
+// variable is unset, and with a warning when it names no role.
+void read_layout_roles(const char* name, unsigned* roles) {
+  const char* text = std::getenv(name);
+  if (!text) return;
+  if (const std::optional<unsigned> parsed = cuda::parse_layout_roles(text))
+    *roles = *parsed;
+  else
+    std::fprintf(stderr, "kiln cuda: %s=%s ignored: say none, all, or roles joined by ',' (gate_up, down, qkv, o, head, other)\n",
+                 name, text);
+}
+}  // namespace
+
 CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   std::string why;
   const auto devices = cuda::list_devices(&why);
@@ -53,12 +68,8 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_FUSED", "0")) options_.fused = false;
   if (cuda::env_is("KILN_CUDA_MIXED_PARTS", "0")) options_.mixed_parts = false;
   if (cuda::env_is("KILN_CUDA_INTERLEAVED", "0")) options_.interleaved_decode = false;
-  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "none")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::None;
-  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "gate_up")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::GateUp;
-  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q4K", "all")) options_.interleaved_q4_k = CudaOptions::Q4KLayout::All;
-  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q6K", "none")) options_.interleaved_q6_k = CudaOptions::Q6KLayout::None;
-  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q6K", "down")) options_.interleaved_q6_k = CudaOptions::Q6KLayout::Down;
-  if (cuda::env_is("KILN_CUDA_INTERLEAVED_Q6K", "all")) options_.interleaved_q6_k = CudaOptions::Q6KLayout::All;
+  read_layout_roles("KILN_CUDA_INTERLEAVED_Q4K", &options_.interleaved_q4_k);
+  read_layout_roles("KILN_CUDA_INTERLEAVED_Q6K", &options_.interleaved_q6_k);
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
   if (cuda::env_is("KILN_CUDA_STEP_IO", "0")) options_.step_io_in_graph = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
@@ -216,26 +227,10 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
   return t;
 }
 
-namespace {
-// A GGUF name of a feed-forward gate or up matrix ("blk.N.ffn_gate.weight", also a shared
-// expert's "ffn_gate_shexp"), not a MoE router ("ffn_gate_inp").
-bool is_gate_or_up(std::string_view name) {
-  const auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };
-  return (has("ffn_gate") && !has("ffn_gate_inp")) || has("ffn_up");
-}
-// A GGUF name of a feed-forward down matrix ("blk.N.ffn_down.weight").
-bool is_down(std::string_view name) { return name.find("ffn_down") != std::string_view::npos; }
-}  // namespace
-
 bool CudaBackend::can_interleave(const Tensor& weight) const {
-  using Q4K = CudaOptions::Q4KLayout;
-  using Q6K = CudaOptions::Q6KLayout;
-  const bool q4_k_taken = options_.interleaved_q4_k == Q4K::All ||
-                          (options_.interleaved_q4_k == Q4K::GateUp && is_gate_or_up(weight.name));
-  const bool q6_k_taken = options_.interleaved_q6_k == Q6K::All ||
-                          (options_.interleaved_q6_k == Q6K::Down && is_down(weight.name));
-  return options_.interleaved_decode && (weight.dtype != GgmlType::Q4_K || q4_k_taken) &&
-         (weight.dtype != GgmlType::Q6_K || q6_k_taken) &&
+  const unsigned role = cuda::layout_role(weight.name);
+  return options_.interleaved_decode && (weight.dtype != GgmlType::Q4_K || (options_.interleaved_q4_k & role)) &&
+         (weight.dtype != GgmlType::Q6_K || (options_.interleaved_q6_k & role)) &&
          weight.ne[0] >= options_.interleaved_min_cols && weight.ne[2] == 1 && weight.ne[3] == 1 &&
          cuda::interleavable(weight.dtype, weight.ne[1], weight.ne[0]);
 }

@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/graph.h"
+#include "backend/cuda/layout_roles.h"
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/rope_store.h"
@@ -61,17 +62,16 @@ struct CudaOptions {
   // products load straight into registers (decode_layout.h; prefill's dequantization and
   // get_rows read it too). KILN_CUDA_INTERLEAVED=0 keeps the block layout.
   bool interleaved_decode = true;
-  // Which q4_K matrices take it too: gate / up only by default. Measured (docs/perf-notes.md,
-  // round 18), ms a step, none / gate_up / all: Llama-3-8B Q4_K_M 1.883 / 1.876 / 1.936; an
-  // all-q4_K Llama-3-8B 1.708 / 1.684 / 1.680; Qwen3-30B-A3B Q4_K_M (no q4_K gate / up outside
-  // the experts) 1.964 / - / 1.982. KILN_CUDA_INTERLEAVED_Q4K=none / gate_up / all sets it.
-  enum class Q4KLayout { None, GateUp, All };
-  Q4KLayout interleaved_q4_k = Q4KLayout::GateUp;
-  // Which q6_K matrices take it (rows of a multiple of 2048 weights): none by default, as its
-  // speed is not measured yet; ffn_down only (Q4_K_M's q6_K matrices are half the layers'
-  // down and v, and the head), or all. KILN_CUDA_INTERLEAVED_Q6K=none / down / all sets it.
-  enum class Q6KLayout { None, Down, All };
-  Q6KLayout interleaved_q6_k = Q6KLayout::None;
+  // Which q4_K and q6_K matrices take it too, by role (layout_roles.h). q4_K: gate / up only.
+  // Measured (docs/perf-notes.md, round 18), ms a step, none / gate_up / all: Llama-3-8B Q4_K_M
+  // 1.883 / 1.876 / 1.936; an all-q4_K Llama-3-8B 1.708 / 1.684 / 1.680; Qwen3-30B-A3B Q4_K_M
+  // (no q4_K gate / up outside the experts) 1.964 / - / 1.982. q6_K (rows of a multiple of
+  // 2048 weights): down only; round 19, none / down / all: Llama-3-8B Q4_K_M (q6_K: half the
+  // layers' down and v, and the head) 1.8846 / 1.8800 / 1.9001; an all-q6_K Llama-3-8B
+  // 2.417 / 2.343 / 2.153. KILN_CUDA_INTERLEAVED_Q4K / _Q6K = none, all, or roles joined by
+  // ',' (gate_up, down, qkv, o, head, other) set them.
+  unsigned interleaved_q4_k = cuda::kLayoutGateUp;
+  unsigned interleaved_q6_k = cuda::kLayoutDown;
   // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
   // 8 lanes a row, which read the layout slower than the copy stages (docs/perf-notes.md).
   int64_t interleaved_min_cols = 2304;
