@@ -66,12 +66,13 @@ struct CudaOptions {
   // Measured (docs/perf-notes.md, round 18), ms a step, none / gate_up / all: Llama-3-8B Q4_K_M
   // 1.883 / 1.876 / 1.936; an all-q4_K Llama-3-8B 1.708 / 1.684 / 1.680; Qwen3-30B-A3B Q4_K_M
   // (no q4_K gate / up outside the experts) 1.964 / - / 1.982. q6_K (rows of a multiple of
-  // 2048 weights): down only; round 19, none / down / all: Llama-3-8B Q4_K_M (q6_K: half the
-  // layers' down and v, and the head) 1.8846 / 1.8800 / 1.9001; an all-q6_K Llama-3-8B
-  // 2.417 / 2.343 / 2.153. KILN_CUDA_INTERLEAVED_Q4K / _Q6K = none, all, or roles joined by
-  // ',' (gate_up, down, qkv, o, head, other) set them.
+  // 2048 weights): every product but the head and the other matrices; round 19, ms a step:
+  // Llama-3-8B Q4_K_M (q6_K: half the layers' down and v, and the head) none 1.880, down
+  // 1.870, down + qkv 1.870, down + head 1.889; an all-q6_K Llama-3-8B none 2.417, down 2.331,
+  // gate_up + down + qkv + o 2.145, all 2.136. KILN_CUDA_INTERLEAVED_Q4K / _Q6K = none, all,
+  // or roles joined by ',' (gate_up, down, qkv, o, head, other) set them.
   unsigned interleaved_q4_k = cuda::kLayoutGateUp;
-  unsigned interleaved_q6_k = cuda::kLayoutDown;
+  unsigned interleaved_q6_k = cuda::kLayoutGateUp | cuda::kLayoutDown | cuda::kLayoutQkv | cuda::kLayoutO;
   // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
   // 8 lanes a row, which read the layout slower than the copy stages (docs/perf-notes.md).
   int64_t interleaved_min_cols = 2304;
