@@ -469,10 +469,7 @@ bool flat_down_walk(const MoeFfnArgs& a, int64_t block_elems) {
 
 // Shared memory a down block takes to quantize its token's h itself (moe_down_q8_kernel's
 // kQuantizesH): the int8 values and a scale pair per 32.
-size_t shared_h_bytes(const MoeFfnArgs& a) {
-  const size_t values = size_t(a.n_used * a.n_ff);
-  return values + values / 32 * sizeof(float2);
-}
+size_t shared_h_bytes(const MoeFfnArgs& a) { return size_t(a.n_used * a.n_ff) * (1 + sizeof(float2) / 32); }
 
 // Whether the down kernel, whose stages take `static_bytes` of shared memory, quantizes h
 // itself (MoeFfnArgs::h_quantize), which saves the chain a launch: by default where a block's
