@@ -14,9 +14,7 @@
 //     1024: 32 slices) they must agree bit for bit;
 //   - the default walk gives the bits of the walk it should pick: flattened where that leaves
 //     fewer chunks, unless KILN_CUDA_MOE_FLAT_SEGMENTS=0 is set in the environment;
-//   - with a residual: the output unchanged, and residual + output added in f32, bit for bit;
-//   - h quantized by the down blocks into shared memory (MoeFfnArgs::h_quantize InDown) against
-//     a launch of its own: near the reference, and the same bits (the same int8 blocks).
+//   - with a residual: the output unchanged, and residual + output added in f32, bit for bit.
 // Row widths: n_ff 768 (24 slices, Qwen3-30B-A3B's experts) and 1536 (48) walk flattened,
 // 1024 (32) is whole; k 1, 2 and 8 slots; 1 and 3 tokens; biases and gpt-oss's SwiGLU on the
 // 3-token cases; 64 tokens (two rows a warp) for four types.
@@ -64,11 +62,9 @@ struct OnDevice {
     scratch = DeviceBuffer(moe_matvec_scratch_bytes(a, false));
   }
 
-  // The output of one call with `walk` and h quantized by `h_quantize` (the residual, if set,
-  // is added to as well).
-  std::vector<float> run(MoeDownWalk walk, MoeHQuantize h_quantize = MoeHQuantize::Default) {
+  // The output of one call with `walk` (the residual, if set, is added to as well).
+  std::vector<float> run(MoeDownWalk walk) {
     a.down_walk = walk;
-    a.h_quantize = h_quantize;
     out.poison();
     const Status st = moe_ffn_matvec(a, false, scratch.as(), scratch.bytes(), nullptr);
     EXPECT_TRUE(st.ok()) << st.message();
@@ -112,14 +108,6 @@ void check_type(GgmlType type, std::mt19937_64& rng) {
         const std::vector<float> per_segment = dev.run(MoeDownWalk::PerSegment);
         const std::vector<float> flat = dev.run(MoeDownWalk::Flat);
         const std::vector<float> by_default = dev.run(MoeDownWalk::Default);
-        for (const MoeDownWalk walk : {MoeDownWalk::PerSegment, MoeDownWalk::Flat}) {
-          const std::string how = std::string(walk == MoeDownWalk::Flat ? "flattened" : "per-segment") + " walk, ";
-          const std::vector<float> own_launch = dev.run(walk, MoeHQuantize::OwnLaunch);
-          const std::vector<float> in_down = dev.run(walk, MoeHQuantize::InDown);
-          EXPECT_TRUE(near_reference(in_down, p, "h quantized by the down blocks, " + how + what));
-          EXPECT_TRUE(all_equal_bits(in_down, own_launch, "h quantized by the down blocks vs a launch of its own, " +
-                                                              how + what));
-        }
         EXPECT_TRUE(near_reference(per_segment, p, "per-segment walk, " + what));
         EXPECT_TRUE(near_reference(flat, p, "flattened walk, " + what));
         if ((n_ff / 32) % 32 == 0)
@@ -135,15 +123,8 @@ void check_type(GgmlType type, std::mt19937_64& rng) {
           const std::vector<float> residual = random_floats(rng, size_t(T * rs), -3.0f, 3.0f);
           dev.residual = to_device(residual);
           dev.a.residual = dev.residual.as<float>(), dev.a.residual_stride = rs;
-          const std::vector<float> with_residual = dev.run(MoeDownWalk::Flat, MoeHQuantize::OwnLaunch);
+          const std::vector<float> with_residual = dev.run(MoeDownWalk::Flat);
           EXPECT_TRUE(all_equal_bits(with_residual, flat, "flattened walk with a residual, output, " + what));
-          const std::vector<float> residual_before = to_host<float>(dev.residual, residual.size());
-          dev.residual = to_device(residual);
-          dev.a.residual = dev.residual.as<float>();
-          const std::vector<float> in_down = dev.run(MoeDownWalk::Flat, MoeHQuantize::InDown);
-          EXPECT_TRUE(all_equal_bits(in_down, flat, "h quantized by the down blocks, with a residual, output, " + what));
-          EXPECT_TRUE(all_equal_bits(to_host<float>(dev.residual, residual.size()), residual_before,
-                                     "h quantized by the down blocks, residual += output, " + what));
           std::vector<float> want = residual;
           for (int64_t t = 0; t < T; ++t)
             for (int64_t d = 0; d < embd; ++d) want[size_t(t * rs + d)] += flat[size_t(t * embd + d)];
@@ -188,9 +169,6 @@ TEST(CudaMoeDownWalk, TwoRowsPerWarp) {
     const std::vector<float> flat = dev.run(MoeDownWalk::Flat);
     EXPECT_TRUE(near_reference(flat, p, "flattened walk, " + what));
     EXPECT_TRUE(same_but_order(flat, per_segment, p, "flattened vs per-segment, " + what));
-    EXPECT_TRUE(all_equal_bits(dev.run(MoeDownWalk::Flat, MoeHQuantize::InDown),
-                               dev.run(MoeDownWalk::Flat, MoeHQuantize::OwnLaunch),
-                               "h quantized by the down blocks vs a launch of its own, " + what));
   }
 }
 

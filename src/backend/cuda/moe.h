@@ -44,7 +44,6 @@ struct ExpertMatrix {
 };
 
 enum class MoeDownWalk { Default, PerSegment, Flat };
-enum class MoeHQuantize { Default, OwnLaunch, InDown };
 
 struct MoeFfnArgs {
   ExpertMatrix gate, up;   // n_ff rows of n_embd (gate and up of one type)
@@ -73,12 +72,6 @@ struct MoeFfnArgs {
   // (read once); PerSegment: each row in its own chunks everywhere; Flat: flattened everywhere
   // (for tests; whole chunks then give the per-segment walk's bits).
   MoeDownWalk down_walk = MoeDownWalk::Default;
-  // moe_ffn_matvec's int8 down product: who quantizes h. Default: in the flattened walk, each
-  // down block its token's h, in shared memory (where it fits 16 KB), unless the environment
-  // says KILN_CUDA_MOE_DOWN_QUANTIZES=0 (read once); OwnLaunch: a launch of its own before the
-  // down kernel (always so in the per-segment walk); InDown: the down blocks wherever the
-  // flattened walk runs and the shared memory fits (for tests). The bits are the same.
-  MoeHQuantize h_quantize = MoeHQuantize::Default;
 };
 
 // Whether the device kernels take these weight types (f32 f16 bf16 and every type the block

@@ -29,17 +29,6 @@
 
 namespace kiln::cuda::detail {
 
-// An activation read after the kernel's wait: through the read-only path where the kernel
-// before wrote it to global memory, or a plain load where this block staged it in shared
-// memory (the read-only path takes global addresses only).
-template <bool kShared, typename T>
-__device__ __forceinline__ T load_activation(const T* p) {
-  if constexpr (kShared)
-    return *p;
-  else
-    return __ldg(p);
-}
-
 template <typename Fmt>
 struct FlatChunkShape {
   static constexpr int kSlicesPerBlock = Fmt::kElems / 32;
@@ -138,11 +127,10 @@ __device__ __forceinline__ void segments_dot_q8_flat(const Segments& segs, int n
     if (active) {
       const int slice = b * S::kSlicesPerBlock + sub;
       const int4* xv = reinterpret_cast<const int4*>(segs.xqs(seg) + 32 * int64_t(slice));
-      // Written by the kernel before (or by ready() into shared memory), read after ready().
-      constexpr bool kShared = Segments::kXShared;
-      const int4 lo = load_activation<kShared>(xv), hi = load_activation<kShared>(xv + 1);
+      // Written by the kernel before, read after ready()'s wait.
+      const int4 lo = __ldg(xv), hi = __ldg(xv + 1);
       x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
-      ds = load_activation<kShared>(segs.xds(seg) + slice);
+      ds = __ldg(segs.xds(seg) + slice);
     }
     cp_async_wait<kStages - 1>();  // chunk k has landed (this lane's copies)
     __syncwarp();                  // ... and every lane's

@@ -1,12 +1,10 @@
 // MoE for a few tokens: indexed expert matvecs (see moe.h).
 //
-// Quantized weights, int8 activations (three or four launches):
+// Quantized weights, int8 activations (four launches):
 //   1. x -> int8 blocks of 32 (one launch for all tokens);
 //   2. gate/up: a warp owns output row r of pair p and walks gate row r and up row r of
 //      expert ids[p] together (they share the activation loads), then applies the GLU;
-//   3. h -> int8 blocks of 32: a launch of its own, or (where it fits) each down block
-//      quantizes its token's h into shared memory after its wait, one launch fewer in the
-//      chain (down_quantizes_h);
+//   3. h -> int8 blocks of 32;
 //   4. down: a warp owns output row(s) r of token t and walks row r of each of its k
 //      experts in slot order, each slot's partial sums scaled by its routing weight: the
 //      sum over slots happens in registers, in a fixed order (deterministic, no atomics).
@@ -17,10 +15,10 @@
 // all of a warp's segments (pair rows) in one pipeline, so short rows (768 columns) still
 // keep several copies in flight.
 //
-// The launches are chained (launch.cuh): each kernel waits for the kernel before it and only
-// then lets the next one start, so when a kernel starts, the one two back has finished. The
-// matvecs read the expert ids (written by the routing, two or three kernels back) and issue
-// their first weight copies before their own wait; the activations they read only after.
+// The four launches are chained (launch.cuh): each quantize kernel waits for the kernel
+// before it and only then lets the next one start, so the matvec after it may read the expert
+// ids (written by the routing, two kernels back) and issue its first weight copies before its
+// own wait; the activations it reads only after.
 //
 // Plain weights, and every type in exact mode: the same two launches with f32 activations,
 // the weights decoded to f32 by the block formats' exact decode8 straight from global
@@ -120,11 +118,10 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
     float2 ds = make_float2(0.0f, 0.0f);
     if (active) {
       const int4* xv = reinterpret_cast<const int4*>(segs.xqs(seg) + 32 * slice);
-      // Written by the kernel before (or by ready() into shared memory), read after ready().
-      constexpr bool kShared = Segments::kXShared;
-      const int4 a = load_activation<kShared>(xv), b = load_activation<kShared>(xv + 1);
+      // Written by the kernel before, read after ready()'s wait (as matvec.cu does).
+      const int4 a = __ldg(xv), b = __ldg(xv + 1);
       x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-      ds = load_activation<kShared>(segs.xds(seg) + slice);
+      ds = __ldg(segs.xds(seg) + slice);
     }
     cp_async_wait<kMoeStages - 1>();  // chunk k has landed (this lane's copies)
     __syncwarp();                     // ... and every lane's
@@ -177,7 +174,6 @@ struct Q8Rows {
 // ---- gate / up + GLU ---------------------------------------------------------------------
 
 struct GateUpSegments {
-  static constexpr bool kXShared = false;
   const uint8_t* gate_row;
   const uint8_t* up_row;
   const int8_t* qs;
@@ -209,19 +205,16 @@ __global__ void __launch_bounds__(kMoeThreads) moe_gate_up_q8_kernel(MoeFfnArgs 
 
 // ---- down, weighted and summed over the slots ------------------------------------------------
 
-// kShared: hq holds token t's slots only, in the block's shared memory (first pair 0).
-template <int kRows, bool kShared>
+template <int kRows>
 struct DownSegments {
-  static constexpr bool kXShared = kShared;
   const MoeFfnArgs* a;
   int64_t t, row0;
   Q8Rows hq;
   __device__ const uint8_t* row(int j, int r) const {
     return expert_row(a->down, expert_of(*a, t, j), min64(row0 + r, a->n_embd - 1));
   }
-  __device__ int64_t pair(int j) const { return kShared ? j : t * a->n_used + j; }
-  __device__ const int8_t* xqs(int j) const { return hq.qs + pair(j) * hq.pitch; }
-  __device__ const float2* xds(int j) const { return hq.ds + pair(j) * hq.blocks; }
+  __device__ const int8_t* xqs(int j) const { return hq.qs + (t * a->n_used + j) * hq.pitch; }
+  __device__ const float2* xds(int j) const { return hq.ds + (t * a->n_used + j) * hq.blocks; }
   __device__ float factor(int j) const { return a->weights[t * a->weights_stride + j]; }
 };
 
@@ -257,84 +250,17 @@ __device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int6
   if (a.residual) a.residual[t * a.residual_stride + row] = old + sum;
 }
 
-// Token t's h (its n_used slots' rows of n_ff values, contiguous) into int8 blocks of 32 in
-// shared memory, at pitch n_ff, the scales after: the bits moe_quantize_rows_kernel writes (the
-// largest |value| and the integer sum are exact in any order). Each block of 32 values is read
-// by 8 lanes, 4 values each, and 4 passes of the thread block's loads are in flight at once;
-// few registers, as the down product's pipeline holds its own beside them. Every thread of
-// the block takes part (whole warps: the shuffles).
-__device__ __forceinline__ void quantize_h_to_shared(const float* __restrict__ h, int64_t values, int8_t* qs,
-                                                     float2* ds) {
-  constexpr int kLanesPerBlock = 8, kBlocksPerPass = kMoeThreads / kLanesPerBlock, kBatch = 4;
-  const int sub = threadIdx.x % kLanesPerBlock;
-  const int64_t blocks = values / 32, passes = (blocks + kBlocksPerPass - 1) / kBlocksPerPass;
-  for (int64_t p0 = 0; p0 < passes; p0 += kBatch) {
-    float4 f[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int64_t b = (p0 + j) * kBlocksPerPass + threadIdx.x / kLanesPerBlock;
-      f[j] = b < blocks ? __ldg(reinterpret_cast<const float4*>(h + 32 * b) + sub) : make_float4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int64_t b = (p0 + j) * kBlocksPerPass + threadIdx.x / kLanesPerBlock;
-      const float v[4] = {f[j].x, f[j].y, f[j].z, f[j].w};
-      float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-      for (int o = 1; o < kLanesPerBlock; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
-      const float d = amax / 127.0f;
-      uint32_t packed = 0;
-      int sum = 0;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int q = d == 0.0f ? 0 : int(roundf(v[i] / d));
-        sum += q;
-        packed |= uint32_t(uint8_t(int8_t(q))) << (8 * i);
-      }
-#pragma unroll
-      for (int o = 1; o < kLanesPerBlock; o <<= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
-      if (b < blocks) {
-        reinterpret_cast<uint32_t*>(qs + 32 * b)[sub] = packed;
-        if (sub == 0) ds[b] = make_float2(d, d * float(sum));
-      }
-    }
-  }
-}
-
 // Grid (ceil(n_embd / (kMoeWarps * kRows)), tokens). kFlat: the slots' rows walked as one
 // flattened sequence of slices (moe_flat_segments.cuh), else each in chunks of its own.
-// kQuantizesH: the block reads token t's f32 h (h_f32) after its wait and quantizes it into
-// its dynamic shared memory itself (down_quantizes_h), instead of reading hq, which a launch
-// of its own wrote before it; every warp then passes the block's one barrier. Those instances
-// are bounded to 64 registers (8 blocks a multiprocessor): left free, ptxas spills some of them
-// at 56.
-template <typename Fmt, int kRows, bool kFlat, bool kQuantizesH>
-__global__ void __launch_bounds__(kMoeThreads, kQuantizesH ? 8 : 0) moe_down_q8_kernel(MoeFfnArgs a, Q8Rows hq, const float* h_f32) {
+template <typename Fmt, int kRows, bool kFlat>
+__global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, Q8Rows hq) {
   constexpr int kStageBytes = kFlat ? FlatChunkShape<Fmt>::kStageBytes : ChunkShape<Fmt>::kStageBytes;
   __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * kRows * kStageBytes];
-  extern __shared__ __align__(16) uint8_t h_s[];  // kQuantizesH: [n_used][n_ff] int8, then the scales
   const int warp = threadIdx.x / kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.x) * kMoeWarps + warp) * kRows;
   const int64_t t = blockIdx.y;
-  const int64_t h_values = a.n_used * a.n_ff;
-  auto quantize_h = [&] {
-    if constexpr (kQuantizesH) {
-      quantize_h_to_shared(h_f32 + t * h_values, h_values, reinterpret_cast<int8_t*>(h_s),
-                           reinterpret_cast<float2*>(h_s + h_values));
-      __syncthreads();
-    }
-  };
-  if (row0 >= a.n_embd) {
-    if constexpr (kQuantizesH) {
-      begin_chained_kernel();
-      quantize_h();
-    }
-    return;
-  }
-  const Q8Rows h_rows = kQuantizesH ? Q8Rows{reinterpret_cast<const int8_t*>(h_s), a.n_ff,
-                                              reinterpret_cast<const float2*>(h_s + h_values), a.n_ff / 32}
-                                     : hq;
-  DownSegments<kRows, kQuantizesH> segs{&a, t, row0, h_rows};
+  if (row0 >= a.n_embd) return;
+  DownSegments<kRows> segs{&a, t, row0, hq};
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
@@ -342,7 +268,6 @@ __global__ void __launch_bounds__(kMoeThreads, kQuantizesH ? 8 : 0) moe_down_q8_
   auto ready = [&] {
     begin_chained_kernel();
     old = residual_old<kRows>(a, t, row0);
-    quantize_h();
   };
   if constexpr (kFlat)
     segments_dot_q8_flat<Fmt, kRows, kMoeStages>(segs, int(a.n_used), int(a.n_ff / Fmt::kElems), stage[warp], acc,
@@ -467,51 +392,17 @@ bool flat_down_walk(const MoeFfnArgs& a, int64_t block_elems) {
   return allowed && n_slices % kWarpSize != 0 && flat_chunks < per_segment_chunks;
 }
 
-// Shared memory a down block takes to quantize its token's h itself (moe_down_q8_kernel's
-// kQuantizesH): the int8 values and a scale pair per 32.
-size_t shared_h_bytes(const MoeFfnArgs& a) { return size_t(a.n_used * a.n_ff) * (1 + sizeof(float2) / 32); }
-
-// Whether the down kernel, whose stages take `static_bytes` of shared memory, quantizes h
-// itself (MoeFfnArgs::h_quantize), which saves the chain a launch: by default where a block's
-// share takes at most 16 KB more (Qwen3-30B-A3B: 8 slots of 768, 7.5 KB) within the 48 KB a
-// block has without asking, unless the environment says KILN_CUDA_MOE_DOWN_QUANTIZES=0.
-bool down_quantizes_h(const MoeFfnArgs& a, size_t static_bytes) {
-  static const bool allowed = !env_is("KILN_CUDA_MOE_DOWN_QUANTIZES", "0");
-  const size_t h_bytes = shared_h_bytes(a);
-  if (a.h_quantize == MoeHQuantize::OwnLaunch || static_bytes + h_bytes > 48 * 1024) return false;
-  return a.h_quantize == MoeHQuantize::InDown || (allowed && h_bytes <= 16 * 1024);
-}
-
-// The int8 down product of h (f32, pairs of n_ff): h quantized by a launch of its own into hq,
-// or by the down blocks themselves (down_quantizes_h); then the down kernel with either walk,
-// two rows a warp where asked and where its stage fits.
+// The down kernel with either walk, two rows a warp where asked and where its stage fits.
 template <typename Fmt, bool kFlat>
-Status launch_down(const MoeFfnArgs& a, const float* h, const Q8Rows& hq, bool two_rows, cudaStream_t stream) {
+Status launch_down(const MoeFfnArgs& a, const Q8Rows& hq, bool two_rows, cudaStream_t stream) {
   constexpr bool kTwoRowsFit = !kFlat || kFlatTwoRowsFit<Fmt>;
-  constexpr int kTwo = kTwoRowsFit ? 2 : 1;
-  constexpr int kStageBytes = kFlat ? FlatChunkShape<Fmt>::kStageBytes : ChunkShape<Fmt>::kStageBytes;
   const int rows_per_warp = kTwoRowsFit && two_rows ? 2 : 1;
-  // Only the flattened walk quantizes h itself: the per-segment walk's instances would spill.
-  const bool in_down = kFlat && down_quantizes_h(a, size_t(kMoeWarps * kMoeStages * rows_per_warp * kStageBytes));
-  if (!in_down) {
-    if (Status st = quantize_rows(h, a.n_ff, a.n_ff, a.n_tokens * a.n_used, const_cast<int8_t*>(hq.qs),
-                                  const_cast<float2*>(hq.ds), stream);
-        !st.ok())
-      return st;
-  }
   const int rows_per_block = kMoeWarps * rows_per_warp;
   const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
-  const size_t smem = in_down ? shared_h_bytes(a) : 0;
-  const float* h_f32 = in_down ? h : nullptr;
-  auto go = [&](auto kernel) { return launch_chained(kernel, grid, dim3(kMoeThreads), smem, stream, a, hq, h_f32); };
-  cudaError_t e;
-  if constexpr (kFlat)
-    e = in_down ? (rows_per_warp == 2 ? go(moe_down_q8_kernel<Fmt, kTwo, kFlat, true>)
-                                      : go(moe_down_q8_kernel<Fmt, 1, kFlat, true>))
-                : (rows_per_warp == 2 ? go(moe_down_q8_kernel<Fmt, kTwo, kFlat, false>)
-                                      : go(moe_down_q8_kernel<Fmt, 1, kFlat, false>));
-  else
-    e = rows_per_warp == 2 ? go(moe_down_q8_kernel<Fmt, kTwo, kFlat, false>) : go(moe_down_q8_kernel<Fmt, 1, kFlat, false>);
+  const cudaError_t e =
+      rows_per_warp == 2
+          ? launch_chained(moe_down_q8_kernel<Fmt, kTwoRowsFit ? 2 : 1, kFlat>, grid, dim3(kMoeThreads), 0, stream, a, hq)
+          : launch_chained(moe_down_q8_kernel<Fmt, 1, kFlat>, grid, dim3(kMoeThreads), 0, stream, a, hq);
   return chained_status(e, kFlat ? "moe_down_q8_kernel (flattened)" : "moe_down_q8_kernel");
 }
 
@@ -575,12 +466,16 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
   if (q8_down) {
     Q8Rows hq{reinterpret_cast<int8_t*>(base + s.hq), q8_pitch(a.n_ff), reinterpret_cast<float2*>(base + s.hd),
               a.n_ff / 32};
+    if (Status st = quantize_rows(h, a.n_ff, a.n_ff, P, const_cast<int8_t*>(hq.qs), const_cast<float2*>(hq.ds),
+                                  stream);
+        !st.ok())
+      return st;
     // One row per warp gives more warps (more copies in flight) while the grid is small.
     const bool two_rows = a.n_tokens * a.n_embd >= 16384;
     visit_quant_format(a.down.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
-      status = flat_down_walk(a, Fmt::kElems) ? launch_down<Fmt, true>(a, h, hq, two_rows, stream)
-                                              : launch_down<Fmt, false>(a, h, hq, two_rows, stream);
+      status = flat_down_walk(a, Fmt::kElems) ? launch_down<Fmt, true>(a, hq, two_rows, stream)
+                                              : launch_down<Fmt, false>(a, hq, two_rows, stream);
     });
   } else {
     const dim3 grid(unsigned((a.n_embd + kMoeWarps - 1) / kMoeWarps), unsigned(a.n_tokens));
