@@ -9,14 +9,6 @@
 namespace kiln::cuda {
 namespace detail {
 
-// KILN_CUDA_LATE_WORDS=N, a measuring switch (bit mask, read once): the grouped launches over
-// int8 x (1: o, down) or f32 x (2: q/k/v) request their first weights only after their wait,
-// so that blocks resident beside a streaming kernel do not take its bandwidth.
-int late_weights() {
-  static const int mask = env_int("KILN_CUDA_LATE_WORDS", 0);
-  return mask;
-}
-
 int grouped_one_stage_mode() {
   static const int mode = [] {
     const int v = env_int("KILN_CUDA_GROUPED_ONE_STAGE", 1);
@@ -152,8 +144,7 @@ Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::sp
     return Status::invalid("matvec_q8_parts: the pair epilogue does not fit (the glu epilogue needs f32 x: "
                            "matvec_f32_parts)");
   int64_t total = 0;
-  detail::GroupedSegments seg = detail::segments_of(parts, &total);
-  seg.weights_after_wait = detail::late_weights() & 1;
+  const detail::GroupedSegments seg = detail::segments_of(parts, &total);
   return detail::dispatch_type<false>(type, seg, total, cols, w_row_bytes, xq, F32Input{}, ep, stream);
 }
 
@@ -176,8 +167,7 @@ Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::s
     return Status::invalid("matvec_f32_parts: the pair epilogue does not fit");
   if (ep.kind == PairEpilogueKind::Glu) return detail::matvec_glu_f32_parts(type, cols, w_row_bytes, parts, in, ep, stream);
   int64_t total = 0;
-  detail::GroupedSegments seg = detail::segments_of(parts, &total);
-  seg.weights_after_wait = detail::late_weights() & 2;
+  const detail::GroupedSegments seg = detail::segments_of(parts, &total);
   return detail::dispatch_type<true>(type, seg, total, cols, w_row_bytes, Q8Vector{}, in, ep, stream);
 }
 

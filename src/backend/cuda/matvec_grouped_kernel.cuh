@@ -549,19 +549,15 @@ __global__ void __launch_bounds__(kGroupedThreads,
   // This warp's first chunk of weights and its norm weights (no kernel of the step writes
   // them), then x, which the kernels before produce, into shared memory, padded per group
   // (all threads).
-  auto request_first_item = [&] {
-    if constexpr (kInterleaved)
-      load_words<Fmt>(g, item_address(0));
-    else
-      issue(0);
-  };
-  if (!seg.weights_after_wait) request_first_item();
+  if constexpr (kInterleaved)
+    load_words<Fmt>(g, item_address(0));
+  else
+    issue(0);
   constexpr int kSteps = kLanesPerRow <= 16 ? kPairF32Steps : kF32Steps;  // <= 16 groups: see dispatch_grouped
   float4 norm_w[kFromF32 ? kSteps : 1];
   if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
   allow_next_kernel();
-  if (seg.weights_after_wait) request_first_item();
   if constexpr (kFromF32) {
     quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
     cp_async_wait<0>();

@@ -19,9 +19,6 @@ struct GroupedSegments {
   float* y[kMaxMatvecParts];
   float* acc[kMaxMatvecParts];
   int end[kMaxMatvecParts];
-  // matvec_grouped_kernel: the first item's weights are requested after the wait for the
-  // kernels before, not before it (KILN_CUDA_LATE_WORDS; a measurement switch).
-  bool weights_after_wait;
   __device__ __forceinline__ int part_of(int row) const {
     int p = 0;
 #pragma unroll
