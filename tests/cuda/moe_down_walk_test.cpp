@@ -18,6 +18,11 @@
 // Row widths: n_ff 768 (24 slices, Qwen3-30B-A3B's experts) and 1536 (48) walk flattened,
 // 1024 (32) is whole; k 1, 2 and 8 slots; 1 and 3 tokens; biases and gpt-oss's SwiGLU on the
 // 3-token cases; 64 tokens (two rows a warp) for four types.
+//
+// Also the gate / up kernel's two launches (MoeFfnArgs::gate_up_launch: four copy stages, or
+// the one-wave kernel's fewer stages and registers): near the reference and the same bits, at
+// rows of 2304 and 3328 columns (2.25 and 3.25 chunks of 1024: the stages wrap, the last
+// chunk partial).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -63,8 +68,9 @@ struct OnDevice {
   }
 
   // The output of one call with `walk` (the residual, if set, is added to as well).
-  std::vector<float> run(MoeDownWalk walk) {
+  std::vector<float> run(MoeDownWalk walk, MoeGateUpLaunch gate_up = MoeGateUpLaunch::Default) {
     a.down_walk = walk;
+    a.gate_up_launch = gate_up;
     out.poison();
     const Status st = moe_ffn_matvec(a, false, scratch.as(), scratch.bytes(), nullptr);
     EXPECT_TRUE(st.ok()) << st.message();
@@ -149,6 +155,35 @@ INSTANTIATE_TEST_SUITE_P(Int8Types, CudaMoeDownWalkType,
                                            GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::Q4_1, GgmlType::Q5_0,
                                            GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K, GgmlType::Q3_K,
                                            GgmlType::IQ4_XS),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(type_name(info.param));
+                         });
+
+class CudaMoeGateUpLaunch : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(CudaMoeGateUpLaunch, OneWaveGivesTheFourStageBits) {
+  KILN_REQUIRE_GPU();
+  const GgmlType type = GetParam();
+  std::mt19937_64 rng(20261201 + uint64_t(type));
+  for (const int64_t embd : {2304, 3328})
+    for (const int64_t T : {1, 3}) {
+      const MoeCase c{type, type, embd, 64, 4, 2, T == 3};
+      const Problem p = make_problem(rng, c, T);
+      const std::string what = describe(c, T);
+      OnDevice dev(p);
+      ASSERT_TRUE(dev.scratch.ok() && dev.out.ok()) << what;
+      const std::vector<float> four = dev.run(MoeDownWalk::Default, MoeGateUpLaunch::FourStages);
+      const std::vector<float> one_wave = dev.run(MoeDownWalk::Default, MoeGateUpLaunch::OneWave);
+      EXPECT_TRUE(near_reference(four, p, "gate / up in four stages, " + what));
+      EXPECT_TRUE(near_reference(one_wave, p, "gate / up in one wave, " + what));
+      EXPECT_TRUE(all_equal_bits(one_wave, four, "gate / up in one wave vs four stages, " + what));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Int8Types, CudaMoeGateUpLaunch,
+                         ::testing::Values(GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+                                           GgmlType::Q6_K, GgmlType::MXFP4, GgmlType::Q4_1, GgmlType::IQ4_NL,
+                                           GgmlType::Q2_K, GgmlType::IQ4_XS),
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return std::string(type_name(info.param));
                          });

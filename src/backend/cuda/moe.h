@@ -44,6 +44,7 @@ struct ExpertMatrix {
 };
 
 enum class MoeDownWalk { Default, PerSegment, Flat };
+enum class MoeGateUpLaunch { Default, FourStages, OneWave };
 
 struct MoeFfnArgs {
   ExpertMatrix gate, up;   // n_ff rows of n_embd (gate and up of one type)
@@ -72,6 +73,12 @@ struct MoeFfnArgs {
   // (read once); PerSegment: each row in its own chunks everywhere; Flat: flattened everywhere
   // (for tests; whole chunks then give the per-segment walk's bits).
   MoeDownWalk down_walk = MoeDownWalk::Default;
+  // moe_ffn_matvec's int8 gate / up kernel: FourStages, the blocks as many registers as the
+  // compiler takes (q4_K: 1,320 of Qwen3-30B-A3B's 1,536 blocks resident, the rest a second
+  // wave); OneWave, at most 40 registers and fewer copy stages, so that 12 blocks share a
+  // multiprocessor (moe_matvec.cu). Default: FourStages unless the environment says
+  // KILN_CUDA_MOE_GATE_UP_ONE_WAVE=1 (read once). The same bits either way.
+  MoeGateUpLaunch gate_up_launch = MoeGateUpLaunch::Default;
 };
 
 // Whether the device kernels take these weight types (f32 f16 bf16 and every type the block

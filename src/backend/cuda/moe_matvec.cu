@@ -24,6 +24,7 @@
 // the weights decoded to f32 by the block formats' exact decode8 straight from global
 // memory (slower; the exact mode is for checking, plain weights are for tests).
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
@@ -73,12 +74,12 @@ struct ChunkShape {
 // A warp's dot products of kRows weight rows with int8 activations, over n_segs segments
 // (each a row of n_slices * 32 columns with its own activations and factor):
 //   acc[r] += sum_s factor(s) * (row(s, r) . x(s))   (per-lane partial sums)
-// `stage` is this warp's [kMoeStages][kRows][kStageBytes] shared buffer.
+// `stage` is this warp's [kStages][kRows][kStageBytes] shared buffer.
 //
 // `ready()` runs once the first chunks' copies are issued and before any activation is read:
 // a chained kernel waits there for the kernel before it (the expert ids it reads for the
 // weight addresses were written two kernels back; see moe_ffn_matvec).
-template <typename Fmt, int kRows, typename Segments, typename Ready>
+template <typename Fmt, int kRows, int kStages = kMoeStages, typename Segments, typename Ready>
 __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs, int64_t n_slices, uint8_t* stage,
                                                 float (&acc)[kRows], Ready&& ready) {
   using S = ChunkShape<Fmt>;
@@ -86,7 +87,7 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
   const int64_t n_blocks = n_slices / S::kSlicesPerBlock;
   const int64_t per_seg = (n_slices + kWarpSize - 1) / kWarpSize;
   const int64_t total = n_segs * per_seg;
-  auto stage_of = [&](int64_t k, int r) { return stage + (int(k % kMoeStages) * kRows + r) * S::kStageBytes; };
+  auto stage_of = [&](int64_t k, int r) { return stage + (int(k % kStages) * kRows + r) * S::kStageBytes; };
 
   auto issue = [&](int64_t k) {
     if (k < total) {
@@ -106,10 +107,10 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
   };
 
 #pragma unroll
-  for (int k = 0; k < kMoeStages - 1; ++k) issue(k);
+  for (int k = 0; k < kStages - 1; ++k) issue(k);
   ready();
   for (int64_t k = 0; k < total; ++k) {
-    issue(k + kMoeStages - 1);
+    issue(k + kStages - 1);
     const int seg = int(k / per_seg);
     const int64_t chunk = k % per_seg;
     const int64_t slice = chunk * kWarpSize + lane;
@@ -123,8 +124,8 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
       x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
       ds = __ldg(segs.xds(seg) + slice);
     }
-    cp_async_wait<kMoeStages - 1>();  // chunk k has landed (this lane's copies)
-    __syncwarp();                     // ... and every lane's
+    cp_async_wait<kStages - 1>();  // chunk k has landed (this lane's copies)
+    __syncwarp();                  // ... and every lane's
     if (active) {
       const float factor = segs.factor(seg);
       const int64_t first_block = chunk * S::kBlocksPerChunk;
@@ -184,11 +185,33 @@ struct GateUpSegments {
   __device__ float factor(int) const { return 1.0f; }
 };
 
-// Grid (ceil(n_ff / kMoeWarps), pairs); warp w of block x owns row x * kMoeWarps + w.
+// The one-wave gate / up launch (MoeFfnArgs::gate_up_launch): blocks a multiprocessor it aims
+// at (12: at most 40 registers a thread; 10 for q3_K and q5_K, whose dots would spill at 40),
+// and the copy stages that let that many fit its shared memory (228 KB, 1 KB of it reserved a
+// block): 3 for q4_K (rows of 2048 columns are 2 chunks, both then in flight before the wait,
+// as with 4 stages), 2 for q6_K and q8_0.
 template <typename Fmt>
-__global__ void __launch_bounds__(kMoeThreads) moe_gate_up_q8_kernel(MoeFfnArgs a, Q8Rows xq, float* h) {
+constexpr int gate_up_one_wave_blocks() {
+  return std::is_same_v<Fmt, Format<GgmlType::Q3_K>> || std::is_same_v<Fmt, Format<GgmlType::Q5_K>> ? 10 : 12;
+}
+template <typename Fmt>
+constexpr int gate_up_one_wave_stages() {
+  constexpr int kBudget = 228 * 1024 / gate_up_one_wave_blocks<Fmt>() - 1024;  // bytes of stages a block
+  constexpr int kFit = kBudget / (kMoeWarps * 2 * ChunkShape<Fmt>::kStageBytes);
+  return kFit >= 3 ? 3 : 2;
+}
+
+// Grid (ceil(n_ff / kMoeWarps), pairs); warp w of block x owns row x * kMoeWarps + w.
+// kOneWave: the registers and copy stages of gate_up_one_wave_blocks / _stages, so that
+// Qwen3-30B-A3B's 1,536 blocks (8 slots x 768 rows / 4) are resident at once; else 4 stages
+// and the registers the compiler takes (q4_K: 48, 10 blocks a multiprocessor: 1,320 blocks,
+// then 216 in a second wave).
+template <typename Fmt, bool kOneWave>
+__global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_blocks<Fmt>() : 0)
+    moe_gate_up_q8_kernel(MoeFfnArgs a, Q8Rows xq, float* h) {
   using S = ChunkShape<Fmt>;
-  __shared__ __align__(16) uint8_t stage[kMoeWarps][kMoeStages * 2 * S::kStageBytes];
+  constexpr int kStages = kOneWave ? gate_up_one_wave_stages<Fmt>() : kMoeStages;
+  __shared__ __align__(16) uint8_t stage[kMoeWarps][kStages * 2 * S::kStageBytes];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t r = int64_t(blockIdx.x) * kMoeWarps + warp;
   const int64_t p = blockIdx.y, t = p / a.n_used, j = p % a.n_used;
@@ -196,7 +219,7 @@ __global__ void __launch_bounds__(kMoeThreads) moe_gate_up_q8_kernel(MoeFfnArgs 
   const int e = expert_of(a, t, j);
   GateUpSegments segs{expert_row(a.gate, e, r), expert_row(a.up, e, r), xq.qs + t * xq.pitch, xq.ds + t * xq.blocks};
   float acc[2] = {0.0f, 0.0f};
-  segments_dot_q8<Fmt, 2>(segs, 1, a.n_embd / 32, stage[warp], acc, [] { begin_chained_kernel(); });
+  segments_dot_q8<Fmt, 2, kStages>(segs, 1, a.n_embd / 32, stage[warp], acc, [] { begin_chained_kernel(); });
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
   if (lane == 0)
     h[p * a.n_ff + r] = e < 0 ? moe_nan()
@@ -376,6 +399,14 @@ Status quantize_rows(const float* x, int64_t stride, int64_t n, int64_t rows, in
   return launch_status("moe_quantize_rows_kernel");
 }
 
+// Whether the gate / up launch takes its one-wave kernel (MoeFfnArgs::gate_up_launch; by
+// default only where the environment says KILN_CUDA_MOE_GATE_UP_ONE_WAVE=1, read once: its
+// speed is not measured yet).
+bool gate_up_one_wave(const MoeFfnArgs& a) {
+  static const bool asked = env_is("KILN_CUDA_MOE_GATE_UP_ONE_WAVE", "1");
+  return a.gate_up_launch == MoeGateUpLaunch::OneWave || (a.gate_up_launch == MoeGateUpLaunch::Default && asked);
+}
+
 // Two rows a warp fit the flattened kernel's static shared memory (48 KB a block)? Not for
 // the 32-element formats, whose per-block slots more than double the stage.
 template <typename Fmt>
@@ -450,9 +481,10 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
         !st.ok())
       return st;
     visit_quant_format(a.gate.type, [&](auto fmt) {
-      status = chained_status(
-          launch_chained(moe_gate_up_q8_kernel<decltype(fmt)>, gate_up_grid, dim3(kMoeThreads), 0, stream, a, xq, h),
-          "moe_gate_up_q8_kernel");
+      using Fmt = decltype(fmt);
+      const auto kernel = gate_up_one_wave(a) ? moe_gate_up_q8_kernel<Fmt, true> : moe_gate_up_q8_kernel<Fmt, false>;
+      status = chained_status(launch_chained(kernel, gate_up_grid, dim3(kMoeThreads), 0, stream, a, xq, h),
+                              "moe_gate_up_q8_kernel");
     });
   } else {
     visit_moe_format(a.gate.type, [&](auto fmt) {
