@@ -10,7 +10,11 @@ arrived; then, per kernel shape, the medians over the trace.
 Kernels are told apart by their release: the blocks that waited were all released together when
 the kernel before completed (within `--gap` us), so each such cluster is one kernel; a block
 that arrived after its kernel's release (it did not wait) belongs to the latest cluster released
-before it arrived with the same shape (grid, block size, dynamic shared memory).
+before it arrived with the same shape (grid, block size, dynamic shared memory), if that release
+is at most `--max-late` us earlier. The other blocks that did not wait are kernels none of whose
+blocks waited (they arrived once the kernel before had completed, e.g. after a kernel of a few
+blocks): consecutive arrivals of one shape, at most `--arrival-gap` us apart, are one kernel,
+"released" at its first block's arrival, with `waited` 0%.
 
 Columns: `chain us`: this kernel's release to the next one's, i.e. this kernel's time in the
 chain after its inputs were ready; `early us`: how long before its release its first block
@@ -35,7 +39,7 @@ def load(path):
     return recs
 
 
-def kernels(recs, gap_ns, min_wait_ns):
+def kernels(recs, gap_ns, min_wait_ns, max_late_ns, arrival_gap_ns):
     waited = sorted((r for r in recs if r["released"] - r["arrived"] >= min_wait_ns), key=lambda r: r["released"])
     clusters = []
     for r in waited:
@@ -46,14 +50,35 @@ def kernels(recs, gap_ns, min_wait_ns):
             clusters.append({"release": r["released"], "shape": r["shape"], "blocks": [r]})
     releases = [c["release"] for c in clusters]
     import bisect
-    for r in recs:
-        if r["released"] - r["arrived"] >= min_wait_ns:
+    unattached = []
+    for r in sorted((r for r in recs if r["released"] - r["arrived"] < min_wait_ns), key=lambda r: r["arrived"]):
+        # A kernel released just after the block arrived (a block released within --min-wait of
+        # its arrival counts as not waiting), else the latest one released before it.
+        j = bisect.bisect_right(releases, r["arrived"])
+        while j < len(clusters) and clusters[j]["release"] - r["arrived"] <= gap_ns and clusters[j]["shape"] != r["shape"]:
+            j += 1
+        if j < len(clusters) and clusters[j]["release"] - r["arrived"] <= gap_ns:
+            clusters[j].setdefault("late", []).append(r)
             continue
-        i = bisect.bisect_right(releases, r["arrived"]) - 1
-        while i >= 0 and clusters[i]["shape"] != r["shape"]:
+        i = j - 1 if j <= len(clusters) else len(clusters) - 1
+        i = min(i, bisect.bisect_right(releases, r["arrived"]) - 1)
+        while i >= 0 and clusters[i]["shape"] != r["shape"] and r["arrived"] - clusters[i]["release"] <= max_late_ns:
             i -= 1
-        if i >= 0:
+        if i >= 0 and clusters[i]["shape"] == r["shape"] and r["arrived"] - clusters[i]["release"] <= max_late_ns:
             clusters[i].setdefault("late", []).append(r)
+        else:
+            unattached.append(r)
+    open_by_shape = {}  # the latest unwaited kernel of each shape
+    for r in unattached:
+        c = open_by_shape.get(r["shape"])
+        if c and r["arrived"] - c["last_arrival"] <= arrival_gap_ns:
+            c["late"].append(r)
+            c["last_arrival"] = r["arrived"]
+        else:
+            c = {"release": r["arrived"], "shape": r["shape"], "blocks": [], "late": [r], "last_arrival": r["arrived"]}
+            open_by_shape[r["shape"]] = c
+            clusters.append(c)
+    clusters.sort(key=lambda c: c["release"])
     return clusters
 
 
@@ -68,11 +93,15 @@ def main():
     ap.add_argument("--last", type=int, default=40, help="kernels listed one by one (the last ones)")
     ap.add_argument("--gap", type=float, default=0.5, help="us: releases closer than this are one kernel's")
     ap.add_argument("--min-wait", type=float, default=0.1, help="us: a block waited if released this much later")
+    ap.add_argument("--max-late", type=float, default=30.0,
+                    help="us: a block that did not wait joins a kernel released at most this much earlier")
+    ap.add_argument("--arrival-gap", type=float, default=2.0,
+                    help="us: blocks of a kernel none of whose blocks waited arrive at most this far apart")
     a = ap.parse_args()
     recs = load(a.trace)
     if not recs:
         sys.exit("no records")
-    ks = kernels(recs, int(a.gap * 1000), int(a.min_wait * 1000))
+    ks = kernels(recs, int(a.gap * 1000), int(a.min_wait * 1000), int(a.max_late * 1000), int(a.arrival_gap * 1000))
     rows = []
     for i, k in enumerate(ks[:-1]):
         blocks = k["blocks"] + k.get("late", [])
