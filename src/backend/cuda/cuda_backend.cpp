@@ -53,7 +53,9 @@ void read_layout_roles(const char* name, unsigned* roles) {
   if (const std::optional<unsigned> parsed = cuda::parse_layout_roles(text))
     *roles = *parsed;
   else
-    std::fprintf(stderr, "kiln cuda: %s=%s ignored: say none, all, or roles joined by ',' (gate_up, down, qkv, o, head, other)\n",
+    std::fprintf(stderr,
+                 "kiln cuda: %s=%s ignored: say none, all, or roles joined by ',' "
+                 "(gate_up, down, qkv, o, head, other)\n",
                  name, text);
 }
 }  // namespace
