@@ -67,7 +67,8 @@ struct OnDevice {
     scratch = DeviceBuffer(moe_matvec_scratch_bytes(a, false));
   }
 
-  // The output of one call with `walk` (the residual, if set, is added to as well).
+  // The output of one call with `walk` and the gate / up launch `gate_up` (the residual, if
+  // set, is added to as well).
   std::vector<float> run(MoeDownWalk walk, MoeGateUpLaunch gate_up = MoeGateUpLaunch::Default) {
     a.down_walk = walk;
     a.gate_up_launch = gate_up;
