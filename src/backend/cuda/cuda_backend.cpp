@@ -27,13 +27,21 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("cuda backend: {}: {}", what, cudaGetErrorString(e));
 }
 
+// Zeroes device memory before returning. cudaMemset alone runs on the legacy default stream
+// and returns before it is done; the backend's stream does not wait for that stream, so an
+// upload or kernel issued next could land first and then be overwritten with zeros.
+void zero_now(void* p, size_t bytes, const char* what) {
+  check(cudaMemset(p, 0, bytes), what);
+  check(cudaStreamSynchronize(cudaStreamLegacy), what);
+}
+
 class DeviceBuffer final : public Buffer {
  public:
   explicit DeviceBuffer(size_t bytes) {
     const cudaError_t e = cudaMalloc(&data_, bytes + kSlack);
     if (e != cudaSuccess) fail("cuda backend: cannot allocate {} bytes: {}", bytes, cudaGetErrorString(e));
     // Zero-filled, like the CPU backend's buffers: unused cache slots hold zeros.
-    check(cudaMemset(data_, 0, bytes + kSlack), "cudaMemset");
+    zero_now(data_, bytes + kSlack, "cudaMemset");
     size_ = bytes;
     device_ = Device::Cuda;
   }
@@ -97,7 +105,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   pinned_bytes_ = cuda_memory::kPinnedBytes;
   graphs_ = std::make_unique<cuda::StepGraphs>(stream_, options.graphs, options.graph_max_tokens);
   scratch(route_tickets_, size_t(kMoeRouteMaxTokens) * sizeof(unsigned));
-  check(cudaMemset(route_tickets_.data, 0, route_tickets_.bytes), "cudaMemset (route tickets)");
+  cuda_memory::zero_now(route_tickets_.data, route_tickets_.bytes, "cudaMemset (route tickets)");
   check(cudaMallocHost(&download_pinned_, kMaxPendingDownloads * kMaxAsyncDownloadBytes), "cudaMallocHost (downloads)");
   for (int i = 0; i < kMaxPendingDownloads; ++i) {
     check(cudaEventCreateWithFlags(&downloads_[i].done, cudaEventDisableTiming), "cudaEventCreate");
@@ -316,8 +324,10 @@ void CudaBackend::upload(const void* host, const Tensor& dst, size_t bytes) {
   }
   flush_graph();  // ops recorded before this upload must see the old contents
   if (bytes > pinned_bytes_ / 2) {
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    check(cudaMemcpy(dst.data, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
+    // On the backend's stream: a plain cudaMemcpy from pageable memory may return before its
+    // transfer is done, and the backend's stream would not wait for it.
+    check(cudaMemcpyAsync(dst.data, host, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (upload)");
     return;
   }
   // Other small uploads go through a ring in the pinned buffer; synchronize() resets it once
