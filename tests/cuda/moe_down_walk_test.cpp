@@ -168,7 +168,7 @@ TEST_P(CudaMoeGateUpLaunch, OneWaveGivesTheFourStageBits) {
   std::mt19937_64 rng(20261201 + uint64_t(type));
   for (const int64_t embd : {2304, 3328})
     for (const int64_t T : {1, 3}) {
-      const MoeCase c{type, type, embd, 64, 4, 2, T == 3};
+      const MoeCase c{type, type, embd, 256, 4, 2, T == 3};  // 256: a whole K-quant block for down
       const Problem p = make_problem(rng, c, T);
       const std::string what = describe(c, T);
       OnDevice dev(p);

@@ -76,8 +76,8 @@ struct MoeFfnArgs {
   // moe_ffn_matvec's int8 gate / up kernel: FourStages, the blocks as many registers as the
   // compiler takes (q4_K: 1,320 of Qwen3-30B-A3B's 1,536 blocks resident, the rest a second
   // wave); OneWave, at most 40 registers and fewer copy stages, so that 12 blocks share a
-  // multiprocessor (moe_matvec.cu). Default: FourStages unless the environment says
-  // KILN_CUDA_MOE_GATE_UP_ONE_WAVE=1 (read once). The same bits either way.
+  // multiprocessor (moe_matvec.cu). Default: OneWave unless the environment says
+  // KILN_CUDA_MOE_GATE_UP_ONE_WAVE=0 (read once). The same bits either way.
   MoeGateUpLaunch gate_up_launch = MoeGateUpLaunch::Default;
 };
 

@@ -400,11 +400,10 @@ Status quantize_rows(const float* x, int64_t stride, int64_t n, int64_t rows, in
 }
 
 // Whether the gate / up launch takes its one-wave kernel (MoeFfnArgs::gate_up_launch; by
-// default only where the environment says KILN_CUDA_MOE_GATE_UP_ONE_WAVE=1, read once: its
-// speed is not measured yet).
+// default yes, unless the environment says KILN_CUDA_MOE_GATE_UP_ONE_WAVE=0, read once).
 bool gate_up_one_wave(const MoeFfnArgs& a) {
-  static const bool asked = env_is("KILN_CUDA_MOE_GATE_UP_ONE_WAVE", "1");
-  return a.gate_up_launch == MoeGateUpLaunch::OneWave || (a.gate_up_launch == MoeGateUpLaunch::Default && asked);
+  static const bool refused = env_is("KILN_CUDA_MOE_GATE_UP_ONE_WAVE", "0");
+  return a.gate_up_launch == MoeGateUpLaunch::OneWave || (a.gate_up_launch == MoeGateUpLaunch::Default && !refused);
 }
 
 // Two rows a warp fit the flattened kernel's static shared memory (48 KB a block)? Not for
