@@ -41,7 +41,7 @@ namespace {
 
 // A problem's tensors on the device and the arguments moe_ffn_matvec takes for them.
 struct OnDevice {
-  DeviceBuffer gate, up, down, gate_b, up_b, down_b, x, w, ids, out, residual, scratch;
+  DeviceBuffer gate, up, down, gate_b, up_b, down_b, x, w, ids, out, residual, scratch, tickets;
   MoeFfnArgs a;
 
   explicit OnDevice(const Problem& p)
@@ -65,14 +65,21 @@ struct OnDevice {
     a.out = out.as<float>(), a.out_stride = c.n_embd;
     a.act = c.gpt_oss ? GluKind::SwigluOai : GluKind::Silu;
     scratch = DeviceBuffer(moe_matvec_scratch_bytes(a, false));
+    tickets = DeviceBuffer(size_t(moe_h_ticket_count(a)) * sizeof(unsigned));
+    EXPECT_EQ(cudaMemset(tickets.as(), 0, tickets.bytes()), cudaSuccess);
   }
 
   // The output of one call with `walk` and the gate / up launch `gate_up` (the residual, if
-  // set, is added to as well).
-  std::vector<float> run(MoeDownWalk walk, MoeGateUpLaunch gate_up = MoeGateUpLaunch::Default) {
+  // set, is added to as well); h quantized inside the gate / up launch (with the tickets) or
+  // by a launch of its own. The scratch is poisoned first, so no int8 copy of an earlier call
+  // can stand in for this one's.
+  std::vector<float> run(MoeDownWalk walk, MoeGateUpLaunch gate_up = MoeGateUpLaunch::Default,
+                         bool h_in_gate_up = false) {
     a.down_walk = walk;
     a.gate_up_launch = gate_up;
+    a.h_tickets = h_in_gate_up ? tickets.as<unsigned>() : nullptr;
     out.poison();
+    scratch.poison();
     const Status st = moe_ffn_matvec(a, false, scratch.as(), scratch.bytes(), nullptr);
     EXPECT_TRUE(st.ok()) << st.message();
     return to_host<float>(out, size_t(a.n_tokens * a.n_embd));
@@ -188,6 +195,39 @@ INSTANTIATE_TEST_SUITE_P(Int8Types, CudaMoeGateUpLaunch,
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return std::string(type_name(info.param));
                          });
+
+// h's int8 copy made by the gate / up kernel (MoeFfnArgs::h_tickets: the last block of each
+// group of 32 values quantizes it) against the launch of its own: the same bits, with either
+// gate / up launch, twice in a row (the tickets must be back at zero after each launch, else
+// the second call leaves groups unquantized: the scratch is poisoned before each call), and
+// the tickets all zero at the end. n_ff 768 (24 groups a pair) and 1024, 8 slots, 1 and 3
+// tokens (gpt-oss's SwiGLU and biases on 3), an expert id out of range on one slot of the
+// 3-token case (its token's output NaN either way).
+TEST_P(CudaMoeGateUpLaunch, HQuantizedInsideGivesTheOwnLaunchsBits) {
+  KILN_REQUIRE_GPU();
+  const GgmlType type = GetParam();
+  std::mt19937_64 rng(20261202 + uint64_t(type));
+  for (const int64_t n_ff : {768, 1024})
+    for (const int64_t T : {1, 3}) {
+      const MoeCase c{type, type, 512, n_ff, 16, 8, T == 3};
+      Problem p = make_problem(rng, c, T);
+      if (T == 3) p.ids[size_t(1 * 8 + 3)] = 16;
+      const std::string what = describe(c, T);
+      OnDevice dev(p);
+      ASSERT_TRUE(dev.scratch.ok() && dev.out.ok() && dev.tickets.ok()) << what;
+      for (const MoeGateUpLaunch launch : {MoeGateUpLaunch::FourStages, MoeGateUpLaunch::OneWave}) {
+        const std::string how = what + (launch == MoeGateUpLaunch::OneWave ? ", one wave" : ", four stages");
+        const std::vector<float> apart = dev.run(MoeDownWalk::Default, launch, false);
+        const std::vector<float> inside = dev.run(MoeDownWalk::Default, launch, true);
+        const std::vector<float> again = dev.run(MoeDownWalk::Default, launch, true);
+        if (T == 1) EXPECT_TRUE(near_reference(apart, p, "h quantized apart, " + how));
+        EXPECT_TRUE(all_equal_bits(inside, apart, "h quantized in gate / up vs apart, " + how));
+        EXPECT_TRUE(all_equal_bits(again, apart, "the same, a second time, " + how));
+      }
+      const std::vector<unsigned> left = to_host<unsigned>(dev.tickets, size_t(moe_h_ticket_count(dev.a)));
+      EXPECT_EQ(std::count(left.begin(), left.end(), 0u), int64_t(left.size())) << "tickets left non-zero, " << what;
+    }
+}
 
 // Enough tokens (n_tokens * n_embd >= 16384) for two rows a warp: the flattened kernel takes
 // them where they fit its shared memory (q4_K, q6_K, mxfp4) and one row elsewhere (q8_0).

@@ -287,6 +287,14 @@ std::vector<Tensor> CudaBackend::weights_side_by_side(std::span<const gguf::Tens
   return out;
 }
 
+unsigned* CudaBackend::moe_h_tickets(int64_t count) {
+  const size_t bytes = size_t(count) * sizeof(unsigned);
+  const void* before = moe_h_tickets_.data;
+  void* p = scratch(moe_h_tickets_, bytes);
+  if (p != before) cuda_memory::zero_now(p, moe_h_tickets_.bytes, "cudaMemset (moe h tickets)");
+  return static_cast<unsigned*>(p);
+}
+
 Tensor CudaBackend::owned_weight(const Tensor& src, std::string_view name) {
   KILN_CHECK(src.is_contiguous(), "owned_weight {}: source must be contiguous", name);
   KILN_CHECK(src.device == Device::Cpu, "owned_weight {}: source must be host data", name);

@@ -330,6 +330,10 @@ class CudaBackend final : public Backend {
   // launch leaves them zero.
   static constexpr int64_t kMoeRouteMaxTokens = 8;
   Scratch route_tickets_;
+  // moe_ffn's h tickets (cuda::MoeFfnArgs::h_tickets): zeroed when (re)allocated; each launch
+  // leaves them zero.
+  Scratch moe_h_tickets_;
+  unsigned* moe_h_tickets(int64_t count);
   int device_sms_ = 0;
   // Where the per-block wait trace goes when this backend is destroyed (KILN_CUDA_BLOCK_TRACE_FILE;
   // block_trace.h); empty: none.

@@ -206,6 +206,10 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
                     residual->ne[0] == n_embd && residual->rows() == T && residual->data != x.data &&
                     residual->data != out.data;
   if (fold) a.residual = residual->as<float>(), a.residual_stride = moe_row_stride(*residual, "residual");
+  // h's int8 copy made inside the gate / up launch; KILN_CUDA_MOE_H_IN_GATE_UP=0 (read once)
+  // keeps the launch of its own.
+  static const bool h_apart = cuda::env_is("KILN_CUDA_MOE_H_IN_GATE_UP", "0");
+  if (!grouped && !h_apart) a.h_tickets = moe_h_tickets(cuda::moe_h_ticket_count(a));
   const size_t need = grouped ? cuda::moe_gemm_scratch_bytes(a) : cuda::moe_matvec_scratch_bytes(a, exact);
   void* sp = scratch(moe_scratch_, need);
   cuda::SignatureHash sig;
@@ -214,6 +218,7 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
     sig.pod(t->dtype), sig.pod(t->data), sig.bytes(t->ne, sizeof(t->ne)), sig.bytes(t->nb, sizeof(t->nb));
   }
   sig.pod(act.act), sig.pod(act.alpha), sig.pod(act.limit), sig.pod(sp), sig.pod(grouped), sig.pod(a.residual);
+  sig.pod(a.h_tickets);
   if (grouped)
     record(sig, T, [=](cudaStream_t s) { return cuda::moe_ffn_gemm(a, sp, need, s); }, "moe_ffn");
   else

@@ -79,7 +79,16 @@ struct MoeFfnArgs {
   // multiprocessor (moe_matvec.cu). Default: OneWave unless the environment says
   // KILN_CUDA_MOE_GATE_UP_ONE_WAVE=0 (read once). The same bits either way.
   MoeGateUpLaunch gate_up_launch = MoeGateUpLaunch::Default;
+  // moe_ffn_matvec's int8 path (gate / up and down both quantized types): counters, one per
+  // 32 values of h (moe_h_ticket_count), zero before the first launch and left zero by every
+  // launch. With them the gate / up kernel also writes h's int8 copy: the last of the 8 blocks
+  // that write a group of 32 values quantizes it (one launch fewer a layer; the same bits as
+  // the launch of its own). Null: h is quantized by a launch of its own.
+  unsigned* h_tickets = nullptr;
 };
+
+// The counters MoeFfnArgs::h_tickets needs: one per 32 values of h (n_tokens * n_used * n_ff / 32).
+int64_t moe_h_ticket_count(const MoeFfnArgs& args);
 
 // Whether the device kernels take these weight types (f32 f16 bf16 and every type the block
 // decoders know; gate and up must share one type).

@@ -4,7 +4,8 @@
 //   1. x -> int8 blocks of 32 (one launch for all tokens);
 //   2. gate/up: a warp owns output row r of pair p and walks gate row r and up row r of
 //      expert ids[p] together (they share the activation loads), then applies the GLU;
-//   3. h -> int8 blocks of 32;
+//   3. h -> int8 blocks of 32 (or, with MoeFfnArgs::h_tickets, inside launch 2: the last
+//      block to write a group of 32 values quantizes it);
 //   4. down: a warp owns output row(s) r of token t and walks row r of each of its k
 //      experts in slot order, each slot's partial sums scaled by its routing weight: the
 //      sum over slots happens in registers, in a fixed order (deterministic, no atomics).
@@ -18,7 +19,8 @@
 // The four launches are chained (launch.cuh): each quantize kernel waits for the kernel
 // before it and only then lets the next one start, so the matvec after it may read the expert
 // ids (written by the routing, two kernels back) and issue its first weight copies before its
-// own wait; the activations it reads only after.
+// own wait; the activations it reads only after. Where gate / up quantizes h itself, down
+// follows it directly and the ids are still two kernels back (routing, x -> int8, gate / up).
 //
 // Plain weights, and every type in exact mode: the same two launches with f32 activations,
 // the weights decoded to f32 by the block formats' exact decode8 straight from global
@@ -41,6 +43,17 @@ constexpr int kMoeStages = 4;
 
 // ---- int8 activations --------------------------------------------------------------------
 
+// One block of 32 values, lane i holding value i, to int8: lane i stores its value at *q, lane 0
+// the block's (scale, scale * sum) at *ds. Every int8 copy of x and h is made here.
+__device__ __forceinline__ void quantize_block32(float v, int8_t* q_out, float2* ds_out) {
+  const float amax = warp_max(fabsf(v));
+  const float d = amax / 127.0f;
+  const int q = d == 0.0f ? 0 : int(roundf(v / d));
+  *q_out = int8_t(q);
+  const int sum = warp_sum_int(q);
+  if ((threadIdx.x & 31) == 0) *ds_out = make_float2(d, d * float(sum));
+}
+
 // Rows of n floats (n % 32 == 0) -> int8 blocks of 32 with (scale, scale * sum) per block,
 // as matvec.h's Q8Vector: row i's values at qs + i * qs_pitch, its scales at ds + i * n / 32.
 __global__ void moe_quantize_rows_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n,
@@ -51,13 +64,7 @@ __global__ void moe_quantize_rows_kernel(const float* __restrict__ x, int64_t x_
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t row = blockIdx.y;
   if (i >= n) return;  // whole warps leave together
-  const float v = x[row * x_stride + i];
-  const float amax = warp_max(fabsf(v));
-  const float d = amax / 127.0f;
-  const int q = d == 0.0f ? 0 : int(roundf(v / d));
-  qs[row * qs_pitch + i] = int8_t(q);
-  const int sum = warp_sum_int(q);
-  if ((threadIdx.x & 31) == 0) ds[row * (n / 32) + i / 32] = make_float2(d, d * float(sum));
+  quantize_block32(x[row * x_stride + i], &qs[row * qs_pitch + i], &ds[row * (n / 32) + i / 32]);
 }
 
 // ---- the pipelined dot product over segments ----------------------------------------------
@@ -172,6 +179,32 @@ struct Q8Rows {
   int64_t blocks = 0;  // scale pairs per row
 };
 
+// The gate / up blocks that write one group of 32 values of h (kMoeWarps rows a block).
+constexpr int kBlocksPerHGroup = 32 / kMoeWarps;
+
+// After a gate / up block has written its values of h (pair p, block `block` of the row):
+// counts the block in its group's ticket, and the group's last block quantizes the group's 32
+// values into hq and sets the ticket back to zero for the next launch. Every thread of the
+// block calls it; the writers of h have fenced their stores.
+__device__ __forceinline__ void quantize_h_group_if_last(const MoeFfnArgs& a, const float* h, const Q8Rows& hq,
+                                                         int64_t p, int64_t block) {
+  __shared__ bool last;
+  const int64_t group = block / kBlocksPerHGroup;
+  unsigned* ticket = a.h_tickets + p * (a.n_ff / 32) + group;
+  __syncthreads();  // the block's values are written and fenced
+  if (threadIdx.x == 0) {
+    last = atomicAdd(ticket, 1u) == kBlocksPerHGroup - 1;
+    if (last) __threadfence();  // the other blocks' values, counted before, are read after
+  }
+  __syncthreads();
+  if (!last || threadIdx.x >= kWarpSize) return;
+  const int64_t i = group * 32 + threadIdx.x;
+  const float v = __ldcg(h + p * a.n_ff + i);  // from L2: other multiprocessors wrote it
+  quantize_block32(v, const_cast<int8_t*>(hq.qs) + p * hq.pitch + i,
+                   const_cast<float2*>(hq.ds) + p * hq.blocks + group);
+  if (threadIdx.x == 0) *ticket = 0u;
+}
+
 // ---- gate / up + GLU ---------------------------------------------------------------------
 
 struct GateUpSegments {
@@ -205,10 +238,11 @@ constexpr int gate_up_one_wave_stages() {
 // kOneWave: the registers and copy stages of gate_up_one_wave_blocks / _stages, so that
 // Qwen3-30B-A3B's 1,536 blocks (8 slots x 768 rows / 4) are resident at once; else 4 stages
 // and the registers the compiler takes (q4_K: 48, 10 blocks a multiprocessor: 1,320 blocks,
-// then 216 in a second wave).
+// then 216 in a second wave). With a.h_tickets (n_ff % 32 == 0: no warp leaves early) h's
+// int8 copy goes to hq too.
 template <typename Fmt, bool kOneWave>
 __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_blocks<Fmt>() : 0)
-    moe_gate_up_q8_kernel(MoeFfnArgs a, Q8Rows xq, float* h) {
+    moe_gate_up_q8_kernel(MoeFfnArgs a, Q8Rows xq, float* h, Q8Rows hq) {
   using S = ChunkShape<Fmt>;
   constexpr int kStages = kOneWave ? gate_up_one_wave_stages<Fmt>() : kMoeStages;
   __shared__ __align__(16) uint8_t stage[kMoeWarps][kStages * 2 * S::kStageBytes];
@@ -221,9 +255,12 @@ __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_block
   float acc[2] = {0.0f, 0.0f};
   segments_dot_q8<Fmt, 2, kStages>(segs, 1, a.n_embd / 32, stage[warp], acc, [] { begin_chained_kernel(); });
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
-  if (lane == 0)
+  if (lane == 0) {
     h[p * a.n_ff + r] = e < 0 ? moe_nan()
                               : glu_of(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
+    if (a.h_tickets) __threadfence();  // visible to the group's last block before this block's ticket
+  }
+  if (a.h_tickets) quantize_h_group_if_last(a, h, hq, p, blockIdx.x);
 }
 
 // ---- down, weighted and summed over the slots ------------------------------------------------
@@ -406,6 +443,54 @@ bool gate_up_one_wave(const MoeFfnArgs& a) {
   return a.gate_up_launch == MoeGateUpLaunch::OneWave || (a.gate_up_launch == MoeGateUpLaunch::Default && !refused);
 }
 
+// Whether the down launch caps its blocks a multiprocessor (spread_padding). Down follows
+// gate / up directly where gate / up quantizes h (MoeFfnArgs::h_tickets), so its blocks are
+// placed while gate / up still runs, on the multiprocessors gate / up leaves first: at one
+// token Qwen3-30B-A3B's 512 down blocks (up to 10 of them fit a multiprocessor for q6_K, 12
+// for q4_K) can pile onto some while others hold none. Capped at ceil(blocks /
+// multiprocessors) where the kernel would otherwise fit at least twice that many (q4_K,
+// q6_K: -41 us a step against h quantized apart); left as it is below that (q8_0's 6 a
+// multiprocessor: capping at 4 cost 200 us a step).
+// KILN_CUDA_MOE_DOWN_SPREAD=0: never cap; 1: always (read once).
+enum class DownSpread { Auto, Never, Always };
+DownSpread down_spread() {
+  static const DownSpread mode = env_is("KILN_CUDA_MOE_DOWN_SPREAD", "0")   ? DownSpread::Never
+                                 : env_is("KILN_CUDA_MOE_DOWN_SPREAD", "1") ? DownSpread::Always
+                                                                            : DownSpread::Auto;
+  return mode;
+}
+
+// The dynamic shared memory that keeps `kernel` (threads a block) at most `want` blocks a
+// multiprocessor: 0 where it already is, or where it would fit fewer than `at_least` (then
+// left as it is); the attribute it needs is set.
+template <typename Kernel>
+size_t spread_padding(Kernel kernel, int threads, int want, int at_least) {
+  int device = 0, smem_per_sm = 0, reserved = 0, natural = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&natural, kernel, threads, 0) != cudaSuccess || natural <= want ||
+      natural < at_least)
+    return 0;
+  cudaFuncAttributes attributes{};
+  cudaFuncGetAttributes(&attributes, kernel);
+  const int per_block = smem_per_sm / want - reserved - int(attributes.sharedSizeBytes);
+  if (per_block <= 0) return 0;
+  const size_t padding = size_t(per_block) / 128 * 128;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(padding));
+  return padding;
+}
+
+int multiprocessors() {
+  static const int n = [] {
+    int device = 0, count = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return count;
+  }();
+  return n;
+}
+
 // Two rows a warp fit the flattened kernel's static shared memory (48 KB a block)? Not for
 // the 32-element formats, whose per-block slots more than double the stage.
 template <typename Fmt>
@@ -422,17 +507,23 @@ bool flat_down_walk(const MoeFfnArgs& a, int64_t block_elems) {
   return allowed && n_slices % kWarpSize != 0 && flat_chunks < per_segment_chunks;
 }
 
-// The down kernel with either walk, two rows a warp where asked and where its stage fits.
+// The down kernel with either walk, two rows a warp where asked and where its stage fits;
+// `after_gate_up`: it follows the gate / up launch directly (see down_spread).
 template <typename Fmt, bool kFlat>
-Status launch_down(const MoeFfnArgs& a, const Q8Rows& hq, bool two_rows, cudaStream_t stream) {
+Status launch_down(const MoeFfnArgs& a, const Q8Rows& hq, bool two_rows, bool after_gate_up, cudaStream_t stream) {
   constexpr bool kTwoRowsFit = !kFlat || kFlatTwoRowsFit<Fmt>;
   const int rows_per_warp = kTwoRowsFit && two_rows ? 2 : 1;
   const int rows_per_block = kMoeWarps * rows_per_warp;
   const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
-  const cudaError_t e =
-      rows_per_warp == 2
-          ? launch_chained(moe_down_q8_kernel<Fmt, kTwoRowsFit ? 2 : 1, kFlat>, grid, dim3(kMoeThreads), 0, stream, a, hq)
-          : launch_chained(moe_down_q8_kernel<Fmt, 1, kFlat>, grid, dim3(kMoeThreads), 0, stream, a, hq);
+  const auto kernel = rows_per_warp == 2 ? moe_down_q8_kernel<Fmt, kTwoRowsFit ? 2 : 1, kFlat>
+                                         : moe_down_q8_kernel<Fmt, 1, kFlat>;
+  const int blocks = int(grid.x * grid.y), sms = multiprocessors();
+  const DownSpread spread = down_spread();
+  const int want = sms > 0 ? (blocks + sms - 1) / sms : 0;
+  const bool cap = want > 0 && (spread == DownSpread::Always || (spread == DownSpread::Auto && after_gate_up));
+  const int at_least = spread == DownSpread::Always ? 0 : 2 * want;
+  const size_t padding = cap ? spread_padding(kernel, kMoeThreads, want, at_least) : 0;
+  const cudaError_t e = launch_chained(kernel, grid, dim3(kMoeThreads), padding, stream, a, hq);
   return chained_status(e, kFlat ? "moe_down_q8_kernel (flattened)" : "moe_down_q8_kernel");
 }
 
@@ -442,6 +533,8 @@ bool moe_supports(GgmlType gate_up, GgmlType down) {
   auto known = [](GgmlType t) { return detail::visit_moe_format(t, [](auto) {}); };
   return known(gate_up) && known(down);
 }
+
+int64_t moe_h_ticket_count(const MoeFfnArgs& a) { return a.n_tokens * a.n_used * (a.n_ff / 32); }
 
 size_t moe_matvec_scratch_bytes(const MoeFfnArgs& a, bool exact) {
   const bool q8_gate_up = !exact && !detail::is_plain_type(a.gate.type);
@@ -469,6 +562,11 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
   float* h = reinterpret_cast<float*>(base + s.h);
   const int64_t P = a.n_tokens * a.n_used;
   Status status;
+  // h's int8 copy made by the gate / up kernel (MoeFfnArgs::h_tickets), or by a launch of its own.
+  const bool h_in_gate_up = q8_gate_up && q8_down && a.h_tickets && a.n_ff % 32 == 0;
+  const Q8Rows hq = q8_down ? Q8Rows{reinterpret_cast<int8_t*>(base + s.hq), q8_pitch(a.n_ff),
+                                     reinterpret_cast<float2*>(base + s.hd), a.n_ff / 32}
+                            : Q8Rows{};
 
   // gate / up + GLU -> h
   const dim3 gate_up_grid(unsigned((a.n_ff + kMoeWarps - 1) / kMoeWarps), unsigned(P));
@@ -482,7 +580,9 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
     visit_quant_format(a.gate.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
       const auto kernel = gate_up_one_wave(a) ? moe_gate_up_q8_kernel<Fmt, true> : moe_gate_up_q8_kernel<Fmt, false>;
-      status = chained_status(launch_chained(kernel, gate_up_grid, dim3(kMoeThreads), 0, stream, a, xq, h),
+      MoeFfnArgs ga = a;
+      if (!h_in_gate_up) ga.h_tickets = nullptr;
+      status = chained_status(launch_chained(kernel, gate_up_grid, dim3(kMoeThreads), 0, stream, ga, xq, h, hq),
                               "moe_gate_up_q8_kernel");
     });
   } else {
@@ -495,18 +595,17 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
 
   // down, weighted and summed over the slots -> out
   if (q8_down) {
-    Q8Rows hq{reinterpret_cast<int8_t*>(base + s.hq), q8_pitch(a.n_ff), reinterpret_cast<float2*>(base + s.hd),
-              a.n_ff / 32};
-    if (Status st = quantize_rows(h, a.n_ff, a.n_ff, P, const_cast<int8_t*>(hq.qs), const_cast<float2*>(hq.ds),
-                                  stream);
-        !st.ok())
-      return st;
+    if (!h_in_gate_up)
+      if (Status st = quantize_rows(h, a.n_ff, a.n_ff, P, const_cast<int8_t*>(hq.qs), const_cast<float2*>(hq.ds),
+                                    stream);
+          !st.ok())
+        return st;
     // One row per warp gives more warps (more copies in flight) while the grid is small.
     const bool two_rows = a.n_tokens * a.n_embd >= 16384;
     visit_quant_format(a.down.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
-      status = flat_down_walk(a, Fmt::kElems) ? launch_down<Fmt, true>(a, hq, two_rows, stream)
-                                              : launch_down<Fmt, false>(a, hq, two_rows, stream);
+      status = flat_down_walk(a, Fmt::kElems) ? launch_down<Fmt, true>(a, hq, two_rows, h_in_gate_up, stream)
+                                              : launch_down<Fmt, false>(a, hq, two_rows, h_in_gate_up, stream);
     });
   } else {
     const dim3 grid(unsigned((a.n_embd + kMoeWarps - 1) / kMoeWarps), unsigned(a.n_tokens));
