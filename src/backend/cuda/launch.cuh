@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "backend/cuda/env_switch.h"
+#include "backend/cuda/occupancy.h"
 
 namespace kiln::cuda {
 
@@ -27,6 +28,7 @@ cudaError_t launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, siz
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
+  if (launch_report_enabled()) report_launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes);
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -47,6 +49,7 @@ cudaError_t launch_chained_in_clusters(void (*kernel)(Params...), dim3 grid, dim
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
+  if (launch_report_enabled()) report_launch(reinterpret_cast<const void*>(kernel), grid, block, shared_bytes);
   cudaLaunchAttribute attributes[2]{};
   attributes[0].id = cudaLaunchAttributeClusterDimension;
   attributes[0].val.clusterDim.x = cluster.x;

@@ -33,6 +33,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_flat_segments.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/occupancy.h"
 
 namespace kiln::cuda {
 namespace detail {
@@ -460,37 +461,6 @@ DownSpread down_spread() {
   return mode;
 }
 
-// The dynamic shared memory that keeps `kernel` (threads a block) at most `want` blocks a
-// multiprocessor: 0 where it already is, or where it would fit fewer than `at_least` (then
-// left as it is); the attribute it needs is set.
-template <typename Kernel>
-size_t spread_padding(Kernel kernel, int threads, int want, int at_least) {
-  int device = 0, smem_per_sm = 0, reserved = 0, natural = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&natural, kernel, threads, 0) != cudaSuccess || natural <= want ||
-      natural < at_least)
-    return 0;
-  cudaFuncAttributes attributes{};
-  cudaFuncGetAttributes(&attributes, kernel);
-  const int per_block = smem_per_sm / want - reserved - int(attributes.sharedSizeBytes);
-  if (per_block <= 0) return 0;
-  const size_t padding = size_t(per_block) / 128 * 128;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(padding));
-  return padding;
-}
-
-int multiprocessors() {
-  static const int n = [] {
-    int device = 0, count = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return count;
-  }();
-  return n;
-}
-
 // Two rows a warp fit the flattened kernel's static shared memory (48 KB a block)? Not for
 // the 32-element formats, whose per-block slots more than double the stage.
 template <typename Fmt>
@@ -517,12 +487,12 @@ Status launch_down(const MoeFfnArgs& a, const Q8Rows& hq, bool two_rows, bool af
   const dim3 grid(unsigned((a.n_embd + rows_per_block - 1) / rows_per_block), unsigned(a.n_tokens));
   const auto kernel = rows_per_warp == 2 ? moe_down_q8_kernel<Fmt, kTwoRowsFit ? 2 : 1, kFlat>
                                          : moe_down_q8_kernel<Fmt, 1, kFlat>;
-  const int blocks = int(grid.x * grid.y), sms = multiprocessors();
+  const int blocks = int(grid.x * grid.y), sms = multiprocessor_count();
   const DownSpread spread = down_spread();
   const int want = sms > 0 ? (blocks + sms - 1) / sms : 0;
   const bool cap = want > 0 && (spread == DownSpread::Always || (spread == DownSpread::Auto && after_gate_up));
   const int at_least = spread == DownSpread::Always ? 0 : 2 * want;
-  const size_t padding = cap ? spread_padding(kernel, kMoeThreads, want, at_least) : 0;
+  const size_t padding = cap ? spread_padding(reinterpret_cast<const void*>(kernel), kMoeThreads, want, at_least) : 0;
   const cudaError_t e = launch_chained(kernel, grid, dim3(kMoeThreads), padding, stream, a, hq);
   return chained_status(e, kFlat ? "moe_down_q8_kernel (flattened)" : "moe_down_q8_kernel");
 }

@@ -1,0 +1,83 @@
+#include "backend/cuda/occupancy.h"
+
+#include <cxxabi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "backend/cuda/env_switch.h"
+
+namespace kiln::cuda {
+
+int multiprocessor_count() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return 0;
+    return n;
+  }();
+  return count;
+}
+
+size_t spread_padding(const void* kernel, int threads, int want, int at_least) {
+  int device = 0, smem_per_sm = 0, reserved = 0, fit = 0;
+  if (want <= 0 || cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, 0) != cudaSuccess)
+    return 0;
+  if (fit <= want || fit < at_least) return 0;
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) return 0;
+  // want blocks of (static + padding + reserved) bytes fit, want + 1 do not.
+  const long per_block = long(smem_per_sm / want) - reserved - long(attributes.sharedSizeBytes);
+  if (per_block <= 0) return 0;
+  const size_t padding = size_t(per_block) / 128 * 128;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(padding)) != cudaSuccess)
+    return 0;
+  return padding;
+}
+
+bool launch_report_enabled() {
+  static const bool on = env_is("KILN_CUDA_LAUNCH_REPORT", "1");
+  return on;
+}
+
+namespace {
+
+std::string kernel_name(const void* kernel) {
+  const char* mangled = nullptr;
+  if (cudaFuncGetName(&mangled, kernel) != cudaSuccess || !mangled) return "(unnamed kernel)";
+  int status = 0;
+  char* plain = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && plain ? plain : mangled;
+  std::free(plain);
+  return name;
+}
+
+}  // namespace
+
+void report_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes) {
+  static std::mutex mutex;
+  static std::set<std::tuple<const void*, unsigned long long, size_t>> seen;
+  const unsigned long long blocks = 1ull * grid.x * grid.y * grid.z;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!seen.insert({kernel, blocks, shared_bytes}).second) return;
+  }
+  const int threads = int(block.x * block.y * block.z);
+  int fit = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, shared_bytes);
+  const int sms = multiprocessor_count();
+  const double share = sms > 0 ? double(blocks) / sms : 0.0;
+  std::fprintf(stderr, "kiln cuda launch: %llu blocks of %d threads, %zu B dynamic shared: %d fit a multiprocessor, "
+               "even share %.2f%s | %s\n", blocks, threads, shared_bytes, fit, share,
+               fit >= 2 * share + 1 ? " (can pile up)" : "", kernel_name(kernel).c_str());
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,28 @@
+#pragma once
+// How a launch's blocks sit on the multiprocessors. A chained launch (launch.cuh) has its
+// blocks placed while the kernel before it drains, on the multiprocessors that free up first;
+// a kernel of which many blocks fit one multiprocessor can then run on part of the GPU. The
+// cure measured so far (docs/perf-notes.md, round 20) is extra shared memory that caps its
+// blocks a multiprocessor at the even share; KILN_CUDA_LAUNCH_REPORT=1 prints, once per
+// kernel and shape, what each chained launch would fit against that share, to find the others.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+namespace kiln::cuda {
+
+// Multiprocessors of the current device (read once).
+int multiprocessor_count();
+
+// The dynamic shared memory that caps `kernel` (`threads` a block) at `want` blocks a
+// multiprocessor: 0 where at most `want` fit already, or where fewer than `at_least` fit (left
+// as it is). The kernel's attribute for that much dynamic shared memory is set.
+size_t spread_padding(const void* kernel, int threads, int want, int at_least);
+
+// KILN_CUDA_LAUNCH_REPORT=1 (read once).
+bool launch_report_enabled();
+// Prints, the first time a kernel is launched with this grid size and shared memory, its name,
+// blocks, how many fit a multiprocessor and the even share (blocks / multiprocessors).
+void report_launch(const void* kernel, dim3 grid, dim3 block, size_t shared_bytes);
+
+}  // namespace kiln::cuda
