@@ -47,30 +47,6 @@ DecodeAttentionPlan wide_plan(int heads_per_block, int keys) {
   return p;
 }
 
-// The int8 copy the kernel left of one output row must be quantize_q8's bytes of the f32
-// outputs it wrote: per block of 32, d = max|v| / 127, q = round(v / d), (d, d * sum q).
-void expect_q8_copy_of(const float* out, int64_t n, const uint8_t* row, const std::string& what) {
-  const int8_t* qs = reinterpret_cast<const int8_t*>(row);
-  const float* ds = reinterpret_cast<const float*>(row + (n + 15) / 16 * 16);
-  int bad = 0;
-  for (int64_t b = 0; b < n / 32; ++b) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(out[b * 32 + i]));
-    const float d = amax / 127.0f;
-    int sum = 0;
-    for (int i = 0; i < 32; ++i) {
-      const int q = d == 0.0f ? 0 : int(std::round(out[b * 32 + i] / d));
-      sum += q;
-      if (qs[b * 32 + i] != q && bad++ < 4)
-        ADD_FAILURE() << what << ": int8 value " << b * 32 + i << " is " << int(qs[b * 32 + i]) << ", want " << q;
-    }
-    if ((ds[2 * b] != d || ds[2 * b + 1] != d * float(sum)) && bad++ < 4)
-      ADD_FAILURE() << what << ": block " << b << " scales (" << ds[2 * b] << ", " << ds[2 * b + 1] << "), want ("
-                    << d << ", " << d * float(sum) << ")";
-  }
-  EXPECT_EQ(bad, 0) << what << ": int8 copy differs in " << bad << " places";
-}
-
 void run_case(const AttnCase& c, uint64_t seed) {
   SCOPED_TRACE("head_dim " + std::to_string(c.head_dim) + " heads " + std::to_string(c.n_head) + "/" +
                std::to_string(c.n_head_kv) + " " + std::string(type_name(c.cache)) + " softcap " +

@@ -179,6 +179,24 @@ inline HostQ8 quantize_q8_host(const std::vector<float>& x) {
   return q;
 }
 
+// The int8 copy a kernel left of n f32 values (the row at `row`: n int8 values, then from the
+// next 16-byte boundary one (d, d * sum) pair per block of 32, matvec.h's Q8Vector) must be
+// quantize_q8_host's bytes of `values`.
+inline void expect_q8_copy_of(const float* values, int64_t n, const uint8_t* row, const std::string& what) {
+  const HostQ8 want = quantize_q8_host(std::vector<float>(values, values + n));
+  const int8_t* qs = reinterpret_cast<const int8_t*>(row);
+  const float* ds = reinterpret_cast<const float*>(row + (n + 15) / 16 * 16);
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (qs[i] != want.qs[size_t(i)] && bad++ < 4)
+      ADD_FAILURE() << what << ": int8 value " << i << " is " << int(qs[i]) << ", want " << int(want.qs[size_t(i)]);
+  for (int64_t b = 0; b < n / 32; ++b)
+    if ((ds[2 * b] != want.d[size_t(b)] || ds[2 * b + 1] != want.s[size_t(b)]) && bad++ < 4)
+      ADD_FAILURE() << what << ": block " << b << " scales (" << ds[2 * b] << ", " << ds[2 * b + 1] << "), want ("
+                    << want.d[size_t(b)] << ", " << want.s[size_t(b)] << ")";
+  EXPECT_EQ(bad, 0) << what << ": int8 copy differs in " << bad << " places";
+}
+
 // got[i] within tol[i] of ref[i] for every i; NaN (an unwritten, poisoned element) never
 // passes. On failure: how many, and the first mismatches with index and both values.
 // rmsnorm of T rows of K in double: x / sqrt(mean(x^2) + eps) * w.

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -227,6 +228,50 @@ TEST_P(CudaMoeGateUpLaunch, HQuantizedInsideGivesTheOwnLaunchsBits) {
       const std::vector<unsigned> left = to_host<unsigned>(dev.tickets, size_t(moe_h_ticket_count(dev.a)));
       EXPECT_EQ(std::count(left.begin(), left.end(), 0u), int64_t(left.size())) << "tickets left non-zero, " << what;
     }
+}
+
+// x's int8 copy made before the op (MoeFfnArgs::x_q8, the front's copy in decode; here
+// quantize_q8_host's bytes in rows of the backend's pitch) against x quantized by the op's own
+// launch: the same bits, with either gate / up launch and h quantized apart or inside. x's f32
+// rows are poisoned (NaN) while the copy stands in, so a kernel that still read them would
+// leave NaN outputs. n_ff 768, 8 slots, 1 and 3 tokens (gpt-oss's SwiGLU and biases on 3).
+TEST_P(CudaMoeGateUpLaunch, XCopyFromBeforeGivesTheOwnLaunchsBits) {
+  KILN_REQUIRE_GPU();
+  const GgmlType type = GetParam();
+  std::mt19937_64 rng(20261203 + uint64_t(type));
+  for (const int64_t T : {1, 3}) {
+    const MoeCase c{type, type, 512, 768, 16, 8, T == 3};
+    const Problem p = make_problem(rng, c, T);
+    const std::string what = describe(c, T);
+    OnDevice dev(p);
+    ASSERT_TRUE(dev.scratch.ok() && dev.out.ok() && dev.tickets.ok()) << what;
+    const int64_t pitch = q8_row_bytes(c.n_embd);
+    std::vector<uint8_t> rows(size_t(T * pitch), 0);
+    for (int64_t t = 0; t < T; ++t) {
+      const HostQ8 q = quantize_q8_host(std::vector<float>(p.x.begin() + t * c.n_embd, p.x.begin() + (t + 1) * c.n_embd));
+      uint8_t* row = rows.data() + t * pitch;
+      std::memcpy(row, q.qs.data(), q.qs.size());
+      float* ds = reinterpret_cast<float*>(row + (c.n_embd + 15) / 16 * 16);
+      for (size_t b = 0; b < q.d.size(); ++b) ds[2 * b] = q.d[b], ds[2 * b + 1] = q.s[b];
+    }
+    const DeviceBuffer x_q8 = to_device(rows);
+    for (const MoeGateUpLaunch launch : {MoeGateUpLaunch::FourStages, MoeGateUpLaunch::OneWave})
+      for (const bool h_inside : {false, true}) {
+        const std::string how = what + (launch == MoeGateUpLaunch::OneWave ? ", one wave" : ", four stages") +
+                                (h_inside ? ", h inside" : ", h apart");
+        dev.a.x_q8 = nullptr, dev.a.x_q8_row_bytes = 0;
+        dev.x = to_device(p.x), dev.a.x = dev.x.as<float>();
+        const std::vector<float> own = dev.run(MoeDownWalk::Default, launch, h_inside);
+        dev.x.poison();
+        dev.a.x_q8 = x_q8.as<uint8_t>(), dev.a.x_q8_row_bytes = pitch;
+        const std::vector<float> given = dev.run(MoeDownWalk::Default, launch, h_inside);
+        if (T == 1) EXPECT_TRUE(near_reference(own, p, "x quantized by the op, " + how));
+        EXPECT_TRUE(all_equal_bits(given, own, "x's copy given vs quantized by the op, " + how));
+      }
+    dev.a.x_q8_row_bytes = (c.n_embd + 15) / 16 * 16 + c.n_embd / 32 * 8 - 16;  // two scale pairs short
+    dev.scratch.poison();
+    EXPECT_FALSE(moe_ffn_matvec(dev.a, false, dev.scratch.as(), dev.scratch.bytes(), nullptr).ok()) << what;
+  }
 }
 
 // Enough tokens (n_tokens * n_embd >= 16384) for two rows a warp: the flattened kernel takes

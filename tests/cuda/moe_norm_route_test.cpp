@@ -7,7 +7,10 @@
 // experts) and twice with the per-token tickets forced: the tickets must come back to zero, or
 // the next run would route nothing, and both ways give the same bits. Near-ties: a pick
 // that differs from the reference only between two choices within 1e-4 (float logits
-// against double) is accepted, at most one per case. Skips without a GPU.
+// against double) is accepted, at most one per case. Where the width is a multiple of 32, the
+// second run of each way also writes normed's int8 copy (MoeNormRouteArgs::q8): it must be
+// quantize_q8's bytes of the normed row the kernel wrote, and leave every other output as the
+// runs without it. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -115,6 +118,9 @@ TEST(CudaMoeNormRoute, MatchesDoubleReference) {
     DeviceBuffer d_x = to_device(x), d_nw = to_device(nw), d_router = to_device(router), d_rb = to_device(rb);
     DeviceBuffer d_normed(size_t(c.T * normed_stride) * 4), d_logits(size_t(c.T * logits_stride) * 4);
     DeviceBuffer d_ids(size_t(c.T * K) * 4), d_w(size_t(c.T * K) * 4), d_tickets(size_t(c.T) * 4);
+    const bool takes_q8 = D % 32 == 0;
+    const int64_t q8_row = q8_row_bytes(D);
+    DeviceBuffer d_q8(size_t(c.T * q8_row));
     KILN_CUDA_OK(cudaMemset(d_tickets.as(), 0, size_t(c.T) * 4));
     MoeNormRouteArgs a;
     a.x = d_x.as<float>(), a.x_stride = x_stride, a.n_embd = D;
@@ -135,10 +141,20 @@ TEST(CudaMoeNormRoute, MatchesDoubleReference) {
     std::vector<int32_t> first_ids;
     for (int run = 0; run < 4; ++run) {
       a.tickets_only = run >= 2;
-      const std::string run_what = what + " run " + std::to_string(run) + (a.tickets_only ? " (tickets)" : "");
-      d_normed.poison(), d_logits.poison(), d_ids.poison(), d_w.poison();
+      const bool q8 = takes_q8 && run % 2 == 1;
+      a.q8 = q8 ? d_q8.as<uint8_t>() : nullptr, a.q8_row_bytes = q8 ? q8_row : 0;
+      const std::string run_what = what + " run " + std::to_string(run) + (a.tickets_only ? " (tickets)" : "") +
+                                   (q8 ? " (int8 copy)" : "");
+      d_normed.poison(), d_logits.poison(), d_ids.poison(), d_w.poison(), d_q8.poison();
+      ASSERT_TRUE(moe_norm_route_fits(a)) << run_what;
       KILN_STATUS_OK(moe_norm_route(a, nullptr));
       const std::vector<float> normed_all = to_host<float>(d_normed, size_t(c.T * normed_stride));
+      if (q8) {
+        const std::vector<uint8_t> q8_all = to_host<uint8_t>(d_q8, size_t(c.T * q8_row));
+        for (int64_t t = 0; t < c.T; ++t)
+          expect_q8_copy_of(&normed_all[size_t(t * normed_stride)], D, &q8_all[size_t(t * q8_row)],
+                            run_what + " token " + std::to_string(t));
+      }
       const std::vector<float> logits_all = to_host<float>(d_logits, size_t(c.T * logits_stride));
       const std::vector<int32_t> ids = to_host<int32_t>(d_ids, size_t(c.T * K));
       const std::vector<float> w = to_host<float>(d_w, size_t(c.T * K));

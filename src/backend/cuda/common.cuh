@@ -160,9 +160,11 @@ __device__ __forceinline__ int sub_bytes(uint32_t a, uint32_t b) { return int(__
 // The int8 copy of a block of 32 values spread over `kLanes` lanes, 32 / kLanes values each
 // (lanes kLanes-aligned within the warp, the whole warp active): quantize_q8's arithmetic on
 // the same floats, so the same bytes. Writes the lane's values at qs and, from the block's
-// first lane, (d, d * sum) at ds.
+// first lane, (d, d * sum) at ds. `store` false (the same for a block's lanes): the lanes
+// only take part in the warp's shuffles.
 template <int kLanes, int kValues>
-__device__ __forceinline__ void quantize_block_spread(const float (&v)[kValues], int8_t* qs, float2* ds) {
+__device__ __forceinline__ void quantize_block_spread(const float (&v)[kValues], int8_t* qs, float2* ds,
+                                                      bool store = true) {
   static_assert(kLanes * kValues == 32, "a block is 32 values");
   float amax = 0.0f;
 #pragma unroll
@@ -174,12 +176,12 @@ __device__ __forceinline__ void quantize_block_spread(const float (&v)[kValues],
 #pragma unroll
   for (int k = 0; k < kValues; ++k) {
     const int q = d == 0.0f ? 0 : int(roundf(v[k] / d));
-    qs[k] = int8_t(q);
+    if (store) qs[k] = int8_t(q);
     sum += q;
   }
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) sum += __shfl_xor_sync(kFullMask, sum, off);
-  if (threadIdx.x % kLanes == 0) *ds = make_float2(d, d * float(sum));
+  if (store && threadIdx.x % kLanes == 0) *ds = make_float2(d, d * float(sum));
 }
 
 }  // namespace kiln::cuda::detail

@@ -94,11 +94,17 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
     a.route = cuda_ops::moe_route_args(logits, params, ids, weights, "rmsnorm_moe_route");
     a.logits = logits.as<float>();
     a.tickets = static_cast<unsigned*>(route_tickets_.data);
+    // normed's int8 copy for the experts' gate / up (MoeFfnArgs::x_q8), unless
+    // KILN_CUDA_MOE_X_IN_FRONT=0 (read once) leaves it to a launch of its own there.
+    static const bool x_apart = cuda::env_is("KILN_CUDA_MOE_X_IN_FRONT", "0");
+    if (!x_apart && n_embd % 32 == 0) a.q8 = q8_for_next_matmul(n_embd, T, &a.q8_row_bytes);
     if (apart && cuda::moe_norm_route_fits(a)) {
       cuda_ops::Sig sig(Op::MoeRoute);
       sig.t(x).t(norm_weight).v(eps).t(normed).t(router).t(router_bias).t(logits).t(ids).t(weights);
       sig.v(params.n_used).v(params.gating).v(params.normalize).v(params.scale).v(a.route.selection_bias);
+      sig.v(a.q8);
       record(sig.h, T, [=](cudaStream_t s) { return cuda::moe_norm_route(a, s); }, "rmsnorm_moe_route");
+      remember_q8(a.normed, n_embd, T, a.normed_stride, a.q8);
       return;
     }
   }
@@ -210,6 +216,12 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
   // keeps the launch of its own.
   static const bool h_apart = cuda::env_is("KILN_CUDA_MOE_H_IN_GATE_UP", "0");
   if (!grouped && !h_apart) a.h_tickets = moe_h_tickets(cuda::moe_h_ticket_count(a));
+  // x's int8 copy where the op before made one (the front, rmsnorm_moe_route).
+  if (!grouped && !exact && quantized_input_.q8 &&
+      quantized_input_ == QuantizedInput{a.x, n_embd, T, a.x_stride, quantized_input_.q8}) {
+    a.x_q8 = static_cast<const uint8_t*>(quantized_input_.q8);
+    a.x_q8_row_bytes = int64_t(cuda_ops::q8_row_bytes(n_embd));
+  }
   const size_t need = grouped ? cuda::moe_gemm_scratch_bytes(a) : cuda::moe_matvec_scratch_bytes(a, exact);
   void* sp = scratch(moe_scratch_, need);
   cuda::SignatureHash sig;
@@ -218,7 +230,7 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
     sig.pod(t->dtype), sig.pod(t->data), sig.bytes(t->ne, sizeof(t->ne)), sig.bytes(t->nb, sizeof(t->nb));
   }
   sig.pod(act.act), sig.pod(act.alpha), sig.pod(act.limit), sig.pod(sp), sig.pod(grouped), sig.pod(a.residual);
-  sig.pod(a.h_tickets);
+  sig.pod(a.h_tickets), sig.pod(a.x_q8);
   if (grouped)
     record(sig, T, [=](cudaStream_t s) { return cuda::moe_ffn_gemm(a, sp, need, s); }, "moe_ffn");
   else

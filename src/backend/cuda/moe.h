@@ -85,6 +85,13 @@ struct MoeFfnArgs {
   // that write a group of 32 values quantizes it (one launch fewer a layer; the same bits as
   // the launch of its own). Null: h is quantized by a launch of its own.
   unsigned* h_tickets = nullptr;
+  // moe_ffn_matvec's int8 gate / up: x's int8 copy made by the kernel before this op (token t
+  // at x_q8 + t * x_q8_row_bytes, laid out as matvec.h's Q8Vector: the front's
+  // MoeNormRouteArgs::q8), so that no launch quantizes x here. That kernel may also have
+  // written the expert ids, so the gate / up kernel then reads them only after its wait.
+  // Null: x is quantized by a launch of its own.
+  const uint8_t* x_q8 = nullptr;
+  int64_t x_q8_row_bytes = 0;
 };
 
 // The counters MoeFfnArgs::h_tickets needs: one per 32 values of h (n_tokens * n_used * n_ff / 32).

@@ -177,7 +177,7 @@ struct Q8Rows {
   const int8_t* qs = nullptr;
   int64_t pitch = 0;  // bytes between rows of qs
   const float2* ds = nullptr;
-  int64_t blocks = 0;  // scale pairs per row
+  int64_t ds_pitch = 0;  // scale pairs between rows' first
 };
 
 // The gate / up blocks that write one group of 32 values of h (kMoeWarps rows a block).
@@ -202,7 +202,7 @@ __device__ __forceinline__ void quantize_h_group_if_last(const MoeFfnArgs& a, co
   const int64_t i = group * 32 + threadIdx.x;
   const float v = __ldcg(h + p * a.n_ff + i);  // from L2: other multiprocessors wrote it
   quantize_block32(v, const_cast<int8_t*>(hq.qs) + p * hq.pitch + i,
-                   const_cast<float2*>(hq.ds) + p * hq.blocks + group);
+                   const_cast<float2*>(hq.ds) + p * hq.ds_pitch + group);
   if (threadIdx.x == 0) *ticket = 0u;
 }
 
@@ -251,10 +251,16 @@ __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_block
   const int64_t r = int64_t(blockIdx.x) * kMoeWarps + warp;
   const int64_t p = blockIdx.y, t = p / a.n_used, j = p % a.n_used;
   if (r >= a.n_ff) return;  // no block-wide barriers below
+  // The ids come from two kernels back (read before the wait, with the first weights'
+  // requests), or from the kernel before where that one made x's int8 copy (MoeFfnArgs::x_q8).
+  const bool ids_now = a.x_q8 == nullptr;
+  if (!ids_now) begin_chained_kernel();
   const int e = expert_of(a, t, j);
-  GateUpSegments segs{expert_row(a.gate, e, r), expert_row(a.up, e, r), xq.qs + t * xq.pitch, xq.ds + t * xq.blocks};
+  GateUpSegments segs{expert_row(a.gate, e, r), expert_row(a.up, e, r), xq.qs + t * xq.pitch, xq.ds + t * xq.ds_pitch};
   float acc[2] = {0.0f, 0.0f};
-  segments_dot_q8<Fmt, 2, kStages>(segs, 1, a.n_embd / 32, stage[warp], acc, [] { begin_chained_kernel(); });
+  segments_dot_q8<Fmt, 2, kStages>(segs, 1, a.n_embd / 32, stage[warp], acc, [ids_now] {
+    if (ids_now) begin_chained_kernel();
+  });
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
   if (lane == 0) {
     h[p * a.n_ff + r] = e < 0 ? moe_nan()
@@ -275,7 +281,7 @@ struct DownSegments {
     return expert_row(a->down, expert_of(*a, t, j), min64(row0 + r, a->n_embd - 1));
   }
   __device__ const int8_t* xqs(int j) const { return hq.qs + (t * a->n_used + j) * hq.pitch; }
-  __device__ const float2* xds(int j) const { return hq.ds + (t * a->n_used + j) * hq.blocks; }
+  __device__ const float2* xds(int j) const { return hq.ds + (t * a->n_used + j) * hq.ds_pitch; }
   __device__ float factor(int j) const { return a->weights[t * a->weights_stride + j]; }
 };
 
@@ -524,6 +530,11 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
                            " slots is outside 1..65535 pairs for the indexed matvecs");
   const bool q8_gate_up = !exact && !is_plain_type(a.gate.type);
   const bool q8_down = !exact && !is_plain_type(a.down.type);
+  if (a.x_q8 && (a.n_embd % 32 != 0 || reinterpret_cast<uintptr_t>(a.x_q8) % 16 != 0 || a.x_q8_row_bytes % 16 != 0 ||
+                 a.x_q8_row_bytes < (a.n_embd + 15) / 16 * 16 + a.n_embd / 32 * int64_t(sizeof(float2))))
+    return Status::invalid("moe_ffn: x's int8 copy needs 16-byte aligned rows of " + std::to_string(a.n_embd) +
+                           " values (a multiple of 32) and their scales, got rows of " +
+                           std::to_string(a.x_q8_row_bytes) + " bytes");
   const MatvecScratch s = plan_scratch(a, q8_gate_up, q8_down);
   if (!scratch || scratch_bytes < s.total || reinterpret_cast<uintptr_t>(scratch) % kAlignBytes != 0)
     return Status::invalid("moe_ffn: needs " + std::to_string(s.total) + " bytes of 256-byte aligned scratch, got " +
@@ -543,9 +554,12 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
   if (q8_gate_up) {
     Q8Rows xq{reinterpret_cast<int8_t*>(base + s.xq), q8_pitch(a.n_embd), reinterpret_cast<float2*>(base + s.xd),
               a.n_embd / 32};
-    if (Status st = quantize_rows(a.x, a.x_stride, a.n_embd, a.n_tokens, const_cast<int8_t*>(xq.qs),
-                                  const_cast<float2*>(xq.ds), stream);
-        !st.ok())
+    if (a.x_q8)
+      xq = Q8Rows{reinterpret_cast<const int8_t*>(a.x_q8), a.x_q8_row_bytes,
+                  reinterpret_cast<const float2*>(a.x_q8 + (a.n_embd + 15) / 16 * 16), a.x_q8_row_bytes / 8};
+    else if (Status st = quantize_rows(a.x, a.x_stride, a.n_embd, a.n_tokens, const_cast<int8_t*>(xq.qs),
+                                       const_cast<float2*>(xq.ds), stream);
+             !st.ok())
       return st;
     visit_quant_format(a.gate.type, [&](auto fmt) {
       using Fmt = decltype(fmt);

@@ -140,6 +140,23 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
     xs[v] = out;
     if (s % int(gridDim.x) == int(blockIdx.x)) normed4[v] = out;  // each block writes a share
   }
+  // The int8 copy, each block a share of the warps' steps: a warp's 32 float4 are 4 blocks of
+  // 32 values, 8 lanes each (n_embd % 32 == 0: a block's lanes are all in the row or all out;
+  // those out only join the shuffles).
+  if (a.q8) {
+    uint8_t* row = a.q8 + t * a.q8_row_bytes;
+    float2* ds = reinterpret_cast<float2*>(row + (a.n_embd + 15) / 16 * 16);
+#pragma unroll
+    for (int s = 0; s < kVecs; ++s) {
+      const int64_t v = int64_t(s) * kRouterThreads + threadIdx.x;
+      if (v - lane >= n4) break;  // the whole warp past the row
+      if ((s * kRouterWarps + warp) % int(gridDim.x) != int(blockIdx.x)) continue;
+      const bool in_row = v < n4;
+      const float4 out = in_row ? xs[v] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float four[4] = {out.x, out.y, out.z, out.w};
+      detail::quantize_block_spread<8, 4>(four, reinterpret_cast<int8_t*>(row) + 4 * v, ds + v / 8, in_row);
+    }
+  }
   __syncthreads();
 
   if (owns_row) {
@@ -249,6 +266,8 @@ bool moe_norm_route_fits(const MoeNormRouteArgs& a) {
          aligned(a.x) && a.x_stride % 4 == 0 && aligned(a.normed) && a.normed_stride % 4 == 0 &&
          aligned(a.norm_weight) &&
          a.route.n_tokens > 0 && a.route.n_tokens <= 65535 && a.tickets && a.logits && a.route.logits == a.logits &&
+         (!a.q8 || (a.n_embd % 32 == 0 && aligned(a.q8) && a.q8_row_bytes % 16 == 0 &&
+                    a.q8_row_bytes >= (a.n_embd + 15) / 16 * 16 + a.n_embd / 32 * 8)) &&
          route_detail::route_refusal(a.route).empty();
 }
 
@@ -260,7 +279,8 @@ Status moe_norm_route(const MoeNormRouteArgs& a, cudaStream_t stream) {
                                                                    " (a multiple of 4 up to " +
                                                                    std::to_string(kMaxEmbd) +
                                                                    ") or the 16-byte alignment of x, normed, the norm "
-                                                                   "weights or the router rows does not fit"
+                                                                   "weights, the router rows or the int8 copy's rows "
+                                                                   "does not fit"
                                                              : why));
   }
   const dim3 grid(unsigned((a.route.n_expert + kRouterWarps - 1) / kRouterWarps), unsigned(a.route.n_tokens));

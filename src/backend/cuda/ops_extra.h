@@ -132,6 +132,11 @@ struct MoeNormRouteArgs {
   float* logits = nullptr;             // [n_tokens][n_expert], row stride route.logits_stride
   MoeRouteArgs route;                  // route.logits == logits (read back by the routing)
   unsigned* tickets = nullptr;         // [n_tokens]
+  // Also normed's int8 copy (blocks of 32 with (scale, scale * sum), matvec.h's Q8Vector at
+  // q8 + t * q8_row_bytes, as RmsNormArgs::q8), so that the experts' kernel after this one
+  // needs no launch to quantize it; null: none. n_embd % 32 == 0, 16-byte aligned rows.
+  uint8_t* q8 = nullptr;
+  int64_t q8_row_bytes = 0;
   // Tests: the tickets even where the token's blocks fit a thread block cluster (moe_router.cu
   // routes from the cluster's shared memory there; the same results, bit for bit).
   bool tickets_only = false;
