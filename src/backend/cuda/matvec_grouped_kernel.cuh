@@ -649,12 +649,14 @@ __global__ void __launch_bounds__(kGroupedThreads,
 // Resident blocks of one kernel per multiprocessor for `smem` bytes (the largest size seen so
 // far: smaller sizes fit at least as many), with its shared-memory limit raised once (state
 // per kernel: the template argument is the kernel itself).
+inline constexpr size_t kGroupedMaxSmem = 200 * 1024;  // the kernels' dynamic shared memory limit
+
 template <auto kernel>
 Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
   static int attribute_set = 0, sm_count = 0, blocks = 0;
   static size_t occupancy_smem = 0;
   if (!attribute_set) {
-    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+    if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGroupedMaxSmem));
         e != cudaSuccess)
       return Status::from_cuda(e, "cudaFuncSetAttribute (matvec_grouped_kernel)");
     int device = 0;
@@ -755,7 +757,17 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   // Capped at the resident blocks, which loop over the tasks: a block per 8 tasks in waves
   // measured 20% slower (docs/perf-notes.md, round 12).
   const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
-  launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
+  // Where twice the even share of blocks or more would fit a multiprocessor, shared memory that
+  // caps them at the share (occupancy.h): else a launch of fewer blocks than multiprocessors
+  // (Qwen3-30B-A3B's o: 128 blocks, 2 fit) can run on half of them. -18 us a step there
+  // (docs/perf-notes.md, round 21). KILN_CUDA_GROUPED_SPREAD=0: never (read once).
+  static const bool spread = !env_is("KILN_CUDA_GROUPED_SPREAD", "0");
+  const int share = (grid + sms - 1) / sms;
+  const size_t launch_smem =
+      spread && blocks_per_sm >= 2 * share
+          ? spread_shared_bytes(reinterpret_cast<const void*>(kernel), kGroupedThreads, smem, share, kGroupedMaxSmem)
+          : smem;
+  launch_chained(kernel, grid, kGroupedThreads, launch_smem, stream, seg, w_row_bytes, second, int(total_rows),
                  int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
   return launch_status("matvec_grouped_kernel");
 }

@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -41,6 +42,23 @@ size_t spread_padding(const void* kernel, int threads, int want, int at_least) {
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(padding)) != cudaSuccess)
     return 0;
   return padding;
+}
+
+size_t spread_shared_bytes(const void* kernel, int threads, size_t shared, int want, size_t max_dynamic) {
+  int device = 0, smem_per_sm = 0, reserved = 0, fit = 0;
+  cudaFuncAttributes attributes{};
+  if (want <= 0 || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, shared) != cudaSuccess ||
+      fit <= want || cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess)
+    return shared;
+  // want + 1 blocks of (static + dynamic + reserved) bytes must not fit.
+  const long one_too_many = long(smem_per_sm / (want + 1)) - reserved - long(attributes.sharedSizeBytes) + 1;
+  const long most = long(smem_per_sm / want) - reserved - long(attributes.sharedSizeBytes);
+  const long bytes = std::min<long>(most, long(max_dynamic)) / 128 * 128;
+  if (bytes < one_too_many || bytes <= long(shared)) return shared;
+  return size_t(bytes);
 }
 
 bool launch_report_enabled() {

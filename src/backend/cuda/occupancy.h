@@ -19,6 +19,12 @@ int multiprocessor_count();
 // as it is). The kernel's attribute for that much dynamic shared memory is set.
 size_t spread_padding(const void* kernel, int threads, int want, int at_least);
 
+// For a kernel (`threads` a block) that already takes `shared` bytes of dynamic shared memory
+// and may take up to `max_dynamic` (its attribute, left as it is): the dynamic shared memory,
+// more than `shared`, with which exactly `want` blocks fit a multiprocessor; `shared` where at
+// most `want` fit already, where that cannot be had, or on any CUDA error.
+size_t spread_shared_bytes(const void* kernel, int threads, size_t shared, int want, size_t max_dynamic);
+
 // KILN_CUDA_LAUNCH_REPORT=1 (read once).
 bool launch_report_enabled();
 // Prints, the first time a kernel is launched with this grid size and shared memory, its name,
