@@ -67,7 +67,7 @@ bool grouped_weights_fit(const MatvecArgs& a) {
   // pieces; for q6_K (210-byte groups) that needs a multiple of 8 groups.
   if (a.cols / detail::kGroupElems * detail::group_bytes_of(a.type) % 16 != 0) return false;
   if (!detail::aligned16(a.w) || a.w_row_bytes % 16 != 0) return false;
-  return detail::smem_for(a.type, a.cols) <= 200 * 1024;
+  return detail::smem_for(a.type, a.cols) <= detail::kGroupedMaxSmem;
 }
 
 // Every part's weights fit, and the rows in all stay below 2^30.

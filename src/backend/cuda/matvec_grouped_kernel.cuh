@@ -646,11 +646,12 @@ __global__ void __launch_bounds__(kGroupedThreads,
   cp_async_wait<0>();
 }
 
+// The grouped kernels' dynamic shared memory limit (their attribute; wider rows go elsewhere).
+inline constexpr size_t kGroupedMaxSmem = 200 * 1024;
+
 // Resident blocks of one kernel per multiprocessor for `smem` bytes (the largest size seen so
 // far: smaller sizes fit at least as many), with its shared-memory limit raised once (state
 // per kernel: the template argument is the kernel itself).
-inline constexpr size_t kGroupedMaxSmem = 200 * 1024;  // the kernels' dynamic shared memory limit
-
 template <auto kernel>
 Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
   static int attribute_set = 0, sm_count = 0, blocks = 0;

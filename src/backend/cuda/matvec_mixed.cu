@@ -52,7 +52,7 @@ bool mixed_parts_fit(int64_t cols, std::span<const MatvecPart> parts, std::span<
     total += parts[i].rows;
   }
   return total < (int64_t(1) << 30) &&
-         detail::grouped_smem_bytes<detail::GroupQ4_K, detail::GroupQ6_K>(cols) <= 200 * 1024;
+         detail::grouped_smem_bytes<detail::GroupQ4_K, detail::GroupQ6_K>(cols) <= detail::kGroupedMaxSmem;
 }
 
 }  // namespace

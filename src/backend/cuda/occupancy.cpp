@@ -26,20 +26,16 @@ int multiprocessor_count() {
 }
 
 size_t spread_padding(const void* kernel, int threads, int want, int at_least) {
-  int device = 0, smem_per_sm = 0, reserved = 0, fit = 0;
-  if (want <= 0 || cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, 0) != cudaSuccess)
-    return 0;
-  if (fit <= want || fit < at_least) return 0;
+  int device = 0, optin = 0, fit = 0;
   cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) return 0;
-  // want blocks of (static + padding + reserved) bytes fit, want + 1 do not.
-  const long per_block = long(smem_per_sm / want) - reserved - long(attributes.sharedSizeBytes);
-  if (per_block <= 0) return 0;
-  const size_t padding = size_t(per_block) / 128 * 128;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(padding)) != cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, 0) != cudaSuccess || fit < at_least ||
+      cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess)
+    return 0;
+  const size_t padding = spread_shared_bytes(kernel, threads, 0, want, size_t(optin) - attributes.sharedSizeBytes);
+  if (padding == 0 || cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(padding)) !=
+                          cudaSuccess)
     return 0;
   return padding;
 }
