@@ -167,9 +167,10 @@ inline HostQ8 quantize_q8_host(const std::vector<float>& x) {
     float amax = 0;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[32 * b + i]));
     const float d = amax / 127.0f;
+    const float id = d == 0.0f ? 0.0f : 1.0f / d;
     int sum = 0;
     for (int i = 0; i < 32; ++i) {
-      const int v = d == 0.0f ? 0 : int(std::round(x[32 * b + i] / d));
+      const int v = int(std::round(x[32 * b + i] * id));
       q.qs[32 * b + i] = int8_t(v);
       sum += v;
     }

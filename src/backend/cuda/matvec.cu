@@ -35,7 +35,7 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n, int8_
   const float v = x[i];
   const float amax = warp_max(fabsf(v));
   const float d = amax / 127.0f;
-  const int q = d == 0.0f ? 0 : int(roundf(v / d));
+  const int q = q8_level(v, q8_inverse_scale(d));
   qs[i] = int8_t(q);
   const int sum = warp_sum_int(q);
   if ((threadIdx.x & 31) == 0) ds[i / 32] = make_float2(d, d * float(sum));

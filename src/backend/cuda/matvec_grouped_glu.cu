@@ -46,7 +46,7 @@ struct GluProducts {
 // straight into registers, no copy stages.
 template <typename Fmt, int kStages>
 __global__ void __launch_bounds__(kGroupedThreads,
-                                  kStages == 1 ? 3 : (kStages == 0 ? kInterleavedMinBlocks : 0))
+                                  kStages == 1 ? 3 : (kStages == 0 ? kInterleavedMinBlocks : kTwoStageMinBlocks))
     matvec_glu_kernel(GluProducts p, F32Input in, PairEpilogue ep) {
   constexpr int kG = group_bytes<Fmt>();
   extern __shared__ __align__(16) uint8_t smem[];

@@ -384,6 +384,13 @@ constexpr bool grouped_q4_0_or_q8_0() {
 // and measured 9.7% slower than the copy stages; capped at 1 block (room for the next chained
 // kernel's blocks) Llama-3-8B Q4_0 measured 25% slower, Q8_0 7.5%.
 constexpr int kInterleavedMinBlocks = 2;
+// Resident blocks the two-stage glu kernel's launch bound asks for (matvec_grouped_glu.cu): 2.
+// Its copy stages (two a warp: ~74 KB a block for q4_0 rows, twice that for q8_0) never let more
+// share a multiprocessor, and without a count ptxas aimed at more: the q4_0 / q8_0 instances
+// spilled at 64 registers once quantizing took a reciprocal. Not for matvec_grouped_kernel: with
+// the same bound its two-stage instances took more registers and Llama-3-8B Q4_K_M lost what the
+// reciprocal gained (docs/perf-notes.md, round 22).
+constexpr int kTwoStageMinBlocks = 2;
 // Resident blocks the one-stage kernel's launch bound asks for: 3 (at most 80 registers), but 2
 // for the instances over f32 x that spill at 80 (ptxas, bytes stored / loaded: q8_0 at 8 lanes a
 // row 20 / 24, q4_K rows with q6_K rows at 8 lanes 12 / 20, q6_K at 16 lanes 32 / 56). Their

@@ -49,7 +49,7 @@ constexpr int kMoeStages = 4;
 __device__ __forceinline__ void quantize_block32(float v, int8_t* q_out, float2* ds_out) {
   const float amax = warp_max(fabsf(v));
   const float d = amax / 127.0f;
-  const int q = d == 0.0f ? 0 : int(roundf(v / d));
+  const int q = q8_level(v, q8_inverse_scale(d));
   *q_out = int8_t(q);
   const int sum = warp_sum_int(q);
   if ((threadIdx.x & 31) == 0) *ds_out = make_float2(d, d * float(sum));
