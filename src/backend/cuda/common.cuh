@@ -157,16 +157,10 @@ __device__ __forceinline__ int dot4(int a, int b, int c) { return __dp4a(a, b, c
 // subtracting its offset: 0..63 - 32 -> -32..31 as an int8).
 __device__ __forceinline__ int sub_bytes(uint32_t a, uint32_t b) { return int(__vsub4(a, b)); }
 
-// A value's int8 level in a block of scale d = amax / 127: round(v * (1 / d)), halves away
-// from zero, 0 for an all-zero block. The reciprocal, not v / d: ggml's and kiln's CPU q8
-// quantizers multiply so, and an IEEE division per value made the decode products' prologue
-// measurably slower (docs/perf-notes.md, round 22: Llama-3-8B Q4_0 -46 us a step).
-__device__ __forceinline__ float q8_inverse_scale(float d) { return d == 0.0f ? 0.0f : 1.0f / d; }
-__device__ __forceinline__ int q8_level(float v, float inverse_scale) { return int(roundf(v * inverse_scale)); }
-
 // The int8 copy of a block of 32 values spread over `kLanes` lanes, 32 / kLanes values each
-// (lanes kLanes-aligned within the warp, the whole warp active): quantize_q8's arithmetic on
-// the same floats, so the same bytes. Writes the lane's values at qs and, from the block's
+// (lanes kLanes-aligned within the warp, the whole warp active). Every int8 copy of activations
+// the backend makes comes from here (quantize_q8_kernel's too), so copies made by different
+// kernels from the same floats have the same bytes. Writes the lane's values at qs and, from the block's
 // first lane, (d, d * sum) at ds. `store` false (the same for a block's lanes): the lanes
 // only take part in the warp's shuffles.
 template <int kLanes, int kValues>
@@ -179,11 +173,14 @@ __device__ __forceinline__ void quantize_block_spread(const float (&v)[kValues],
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
   const float d = amax / 127.0f;
-  const float id = q8_inverse_scale(d);
+  // Each level is round(v * (1 / d)), halves away from zero: ggml's arithmetic and kiln's CPU
+  // quantizers'. An IEEE division a value (v / d) made the decode products' prologue slower:
+  // 21-48 us a step (docs/perf-notes.md, round 22).
+  const float id = d == 0.0f ? 0.0f : 1.0f / d;
   int sum = 0;
 #pragma unroll
   for (int k = 0; k < kValues; ++k) {
-    const int q = q8_level(v[k], id);
+    const int q = int(roundf(v[k] * id));
     if (store) qs[k] = int8_t(q);
     sum += q;
   }

@@ -26,19 +26,15 @@ namespace detail {
 constexpr int kMatvecWarps = 4;
 constexpr int kMatvecThreads = kMatvecWarps * kWarpSize;
 
-// One warp per block of 32 values: scale from the warp's max, then round.
+// One warp per block of 32 values, a value a lane (quantize_block_spread: the arithmetic of
+// every int8 copy of the backend).
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t n, int8_t* __restrict__ qs,
                                    float2* __restrict__ ds) {
   begin_chained_kernel();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;  // n % 32 == 0: whole warps leave together
-  const float v = x[i];
-  const float amax = warp_max(fabsf(v));
-  const float d = amax / 127.0f;
-  const int q = q8_level(v, q8_inverse_scale(d));
-  qs[i] = int8_t(q);
-  const int sum = warp_sum_int(q);
-  if ((threadIdx.x & 31) == 0) ds[i / 32] = make_float2(d, d * float(sum));
+  const float one[1] = {x[i]};
+  quantize_block_spread<kWarpSize, 1>(one, qs + i, ds + i / 32);
 }
 
 // Sums each row's per-warp partials and writes y.

@@ -47,12 +47,8 @@ constexpr int kMoeStages = 4;
 // One block of 32 values, lane i holding value i, to int8: lane i stores its value at *q, lane 0
 // the block's (scale, scale * sum) at *ds. Every int8 copy of x and h is made here.
 __device__ __forceinline__ void quantize_block32(float v, int8_t* q_out, float2* ds_out) {
-  const float amax = warp_max(fabsf(v));
-  const float d = amax / 127.0f;
-  const int q = q8_level(v, q8_inverse_scale(d));
-  *q_out = int8_t(q);
-  const int sum = warp_sum_int(q);
-  if ((threadIdx.x & 31) == 0) *ds_out = make_float2(d, d * float(sum));
+  const float one[1] = {v};
+  quantize_block_spread<kWarpSize, 1>(one, q_out, ds_out);
 }
 
 // Rows of n floats (n % 32 == 0) -> int8 blocks of 32 with (scale, scale * sum) per block,
