@@ -357,8 +357,13 @@ bool matvec_supports(GgmlType type) {
 
 size_t matvec_scratch_bytes(GgmlType type, int64_t cols) {
   if (detail::is_float_type(type) || cols <= 0) return 0;
-  const size_t qs_bytes = (size_t(cols) + 15) / 16 * 16;
-  return qs_bytes + size_t(cols / 32) * sizeof(float2);
+  return q8_vector_bytes(cols);
+}
+
+size_t q8_vector_bytes(int64_t n) { return (size_t(n) + 15) / 16 * 16 + size_t(n / 32) * sizeof(float2); }
+
+bool q8_rows_fit(const void* rows, int64_t row_bytes, int64_t n) {
+  return n % 32 == 0 && detail::aligned16(rows) && row_bytes % 16 == 0 && row_bytes >= int64_t(q8_vector_bytes(n));
 }
 
 Q8Vector q8_vector_in(void* scratch, int64_t n) {

@@ -51,6 +51,12 @@ bool matvec_supports(GgmlType type);
 // x; 0 for float weights). Q8Vector views of it come from q8_vector_in().
 size_t matvec_scratch_bytes(GgmlType type, int64_t cols);
 Q8Vector q8_vector_in(void* scratch, int64_t n);
+// Bytes of one int8 copy of n values as q8_vector_in lays it out: the values padded to 16
+// bytes, then a (d, d * sum) pair per block of 32.
+size_t q8_vector_bytes(int64_t n);
+// Whether rows of such copies of n values (a multiple of 32), the first at `rows` and each
+// `row_bytes` after the one before, are 16-byte aligned and each hold a whole copy.
+bool q8_rows_fit(const void* rows, int64_t row_bytes, int64_t n);
 
 // x (n floats, n % 32 == 0) -> q.
 Status quantize_q8(const float* x, int64_t n, const Q8Vector& q, cudaStream_t stream);

@@ -113,9 +113,7 @@ namespace {
 bool glu_epilogue_fits(std::span<const MatvecPart> parts, const GluEpilogue& g) {
   if (parts.size() != 2 || parts[0].rows % 32 != 0 || (g.stages != 1 && g.stages != 2)) return false;
   if (!g.q8) return true;
-  const int64_t n = parts[0].rows;
-  return detail::aligned16(g.q8) && g.q8_row_bytes % 16 == 0 &&
-         g.q8_row_bytes >= (n + 15) / 16 * 16 + n / 32 * int64_t(sizeof(float2));
+  return q8_rows_fit(g.q8, g.q8_row_bytes, parts[0].rows);
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/matvec.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_flat_segments.cuh"
 #include "backend/cuda/moe_kernels.cuh"
@@ -526,8 +527,7 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
                            " slots is outside 1..65535 pairs for the indexed matvecs");
   const bool q8_gate_up = !exact && !is_plain_type(a.gate.type);
   const bool q8_down = !exact && !is_plain_type(a.down.type);
-  if (a.x_q8 && (a.n_embd % 32 != 0 || reinterpret_cast<uintptr_t>(a.x_q8) % 16 != 0 || a.x_q8_row_bytes % 16 != 0 ||
-                 a.x_q8_row_bytes < (a.n_embd + 15) / 16 * 16 + a.n_embd / 32 * int64_t(sizeof(float2))))
+  if (a.x_q8 && !q8_rows_fit(a.x_q8, a.x_q8_row_bytes, a.n_embd))
     return Status::invalid("moe_ffn: x's int8 copy needs 16-byte aligned rows of " + std::to_string(a.n_embd) +
                            " values (a multiple of 32) and their scales, got rows of " +
                            std::to_string(a.x_q8_row_bytes) + " bytes");

@@ -28,6 +28,7 @@
 
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/matvec.h"
 #include "backend/cuda/moe_route.cuh"
 
 namespace kiln::cuda {
@@ -266,8 +267,7 @@ bool moe_norm_route_fits(const MoeNormRouteArgs& a) {
          aligned(a.x) && a.x_stride % 4 == 0 && aligned(a.normed) && a.normed_stride % 4 == 0 &&
          aligned(a.norm_weight) &&
          a.route.n_tokens > 0 && a.route.n_tokens <= 65535 && a.tickets && a.logits && a.route.logits == a.logits &&
-         (!a.q8 || (a.n_embd % 32 == 0 && aligned(a.q8) && a.q8_row_bytes % 16 == 0 &&
-                    a.q8_row_bytes >= (a.n_embd + 15) / 16 * 16 + a.n_embd / 32 * 8)) &&
+         (!a.q8 || q8_rows_fit(a.q8, a.q8_row_bytes, a.n_embd)) &&
          route_detail::route_refusal(a.route).empty();
 }
 
