@@ -152,7 +152,7 @@ __device__ __forceinline__ void stage_input_after_wait(const F32Input& in, int c
 // (registers allow 2; narrower x fits no fewer).
 template <auto kernel>
 Status half_resident_blocks(int& blocks_per_sm, int& sms) {
-  static int per_sm_found = 0, sm_count = 0;
+  static int per_sm_found = 0;
   if (per_sm_found == 0) {
     const size_t max_smem = half_smem_bytes(kMaxHalfMatvecCols);
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem));
@@ -161,15 +161,13 @@ Status half_resident_blocks(int& blocks_per_sm, int& sms) {
     const int most_shared = int(cudaSharedmemCarveoutMaxShared);
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, most_shared) != cudaSuccess)
       cudaGetLastError();  // a preference only: not an error of this launch
-    int device = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+    int per_sm = 0;
     if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kHalfThreads, max_smem);
         e != cudaSuccess)
       return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (16-bit matvec)");
     per_sm_found = max(1, per_sm);
   }
-  blocks_per_sm = per_sm_found, sms = max(1, sm_count);
+  blocks_per_sm = per_sm_found, sms = max(1, multiprocessor_count());
   return Status();
 }
 

@@ -661,15 +661,12 @@ inline constexpr size_t kGroupedMaxSmem = 200 * 1024;
 // per kernel: the template argument is the kernel itself).
 template <auto kernel>
 Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
-  static int attribute_set = 0, sm_count = 0, blocks = 0;
+  static int attribute_set = 0, blocks = 0;
   static size_t occupancy_smem = 0;
   if (!attribute_set) {
     if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGroupedMaxSmem));
         e != cudaSuccess)
       return Status::from_cuda(e, "cudaFuncSetAttribute (matvec_grouped_kernel)");
-    int device = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
     attribute_set = 1;
   }
   if (smem > occupancy_smem) {
@@ -678,7 +675,7 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
       return Status::from_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor (matvec_grouped_kernel)");
     occupancy_smem = smem;
   }
-  blocks_per_sm = max(1, blocks), sms = max(1, sm_count);
+  blocks_per_sm = max(1, blocks), sms = max(1, multiprocessor_count());
   return Status();
 }
 
