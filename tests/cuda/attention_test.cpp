@@ -11,6 +11,7 @@
 // takes K, V and the query rounded to f16, as the kernel does.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 
@@ -316,12 +317,38 @@ TEST(CudaDecodeAttention, WideBlocksTakeOneRange) {
   run_case(one, 65);
 }
 
+// The blocks may let the next kernel be scheduled as they start (DecodeAttentionPlan::
+// trigger_early): every kind of plan then gives what the reference wants, as without.
+TEST(CudaDecodeAttention, EarlyTriggerInEveryPlan) {
+  KILN_REQUIRE_GPU();
+  auto early = [](DecodeAttentionPlan p) {
+    p.trigger_early = true;
+    return p;
+  };
+  AttnCase wide{128, 32, 8, GgmlType::F16, {0, 40, 127, 255}};
+  wide.max_context = 256;
+  wide.plan = early(wide_plan(1, 256));
+  run_case(wide, 70);
+  AttnCase second{64, 12, 2, GgmlType::F32, {3, 90, 249}};
+  second.sinks = true;
+  second.max_context = 250;
+  second.plan = early(given_plan(2, 8, 32, false));
+  run_case(second, 71);
+  if (decode_attention_clusters_available()) {
+    AttnCase cluster{128, 32, 8, GgmlType::F16, {5, 300, 511}};
+    cluster.max_context = 512;
+    cluster.plan = early(given_plan(4, 16, 32, true));
+    run_case(cluster, 72);
+  }
+}
+
 // What plan_decode_attention() picks for one Llama-3-8B token (32 query heads over 8 kv
 // heads of 128) as the planned context grows (attention.cu names the three regimes).
 TEST(CudaDecodeAttention, PlanRegimes) {
   DecodeAttentionArgs a;
   a.n_seq = 1, a.n_head = 32, a.n_head_kv = 8, a.head_dim = 128;
   const bool clusters = decode_attention_clusters_available();
+  const bool early_switch_set = std::getenv("KILN_CUDA_ATTN_EARLY_TRIGGER") != nullptr;
   struct Want {
     int context, heads, n_splits, keys;
     bool cluster, wide = false;
@@ -345,7 +372,12 @@ TEST(CudaDecodeAttention, PlanRegimes) {
     EXPECT_EQ(p.keys_per_split, w.keys);
     EXPECT_EQ(p.cluster, w.cluster && clusters);
     EXPECT_EQ(p.wide, w.wide);
+    if (!early_switch_set) EXPECT_TRUE(p.trigger_early);  // the kernel does not take the new token in
   }
+  static const float any_key = 0.0f;  // the plan only asks whether the token is taken in
+  a.new_token.k = &any_key;
+  a.max_context = 100;
+  if (!early_switch_set) EXPECT_FALSE(plan_decode_attention(a).trigger_early);
 }
 
 // A plan that leaves keys out, or a cluster too large, is refused before any launch.

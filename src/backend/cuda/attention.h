@@ -99,6 +99,10 @@ struct DecodeAttentionPlan {
   int keys_per_split = 0;
   bool cluster = false;     // the ranges merge inside a thread block cluster, not in a second kernel
   bool prefetch = true;     // the blocks ask L2 for their K/V rows before waiting for the kernel before
+  // The blocks let the next chained kernel be scheduled as they start, not after their wait:
+  // its blocks can then be placed (and request their weights) as the kernel before drains.
+  // Either way the next kernel reads nothing of this one's before this one has ended.
+  bool trigger_early = false;
   // Blocks of 512 threads instead of 128 (32 keys per step of the key loop become 128 at head
   // size 128): only with one range (n_splits 1, no cluster) and at most kMaxWideHeads heads.
   bool wide = false;

@@ -154,7 +154,8 @@ __device__ void merge_in_cluster(const DecodeAttentionArgs& a, int seq, int head
 template <int D, typename KV, int kHeads, bool kSoftcap, bool kCluster, bool kNewToken = false,
           int kThreads = kAttnThreads>
 __global__ void __launch_bounds__(kThreads)
-    attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, bool prefetch, float* __restrict__ partial) {
+    attention_kernel(DecodeAttentionArgs a, int keys_per_split, int n_splits, bool prefetch, bool trigger_early,
+                     float* __restrict__ partial) {
   constexpr int kLanesPerKey = D / 8;
   constexpr int kWarps = kThreads / kWarpSize;
   constexpr int kKeyGroups = kThreads / kLanesPerKey;
@@ -169,6 +170,9 @@ __global__ void __launch_bounds__(kThreads)
   const int kv_head = head0 / (a.n_head / a.n_head_kv);
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int group = tid / kLanesPerKey, c = tid % kLanesPerKey;
+  // The next kernel waits for this one's end either way; triggered here, its blocks can be
+  // placed (and load their weights) while this one waits and runs.
+  if (trigger_early) allow_next_kernel();
   // Positions and block tables are uploads (attention.h): read before the wait.
   const int pos = a.positions[seq];
   const int first = a.sliding_window > 0 ? max(0, pos - a.sliding_window + 1) : 0;
@@ -188,11 +192,12 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kNewToken)
     if (n_keys > 0) load_lane_norm_weights<D>(a.new_token, norm_weights);
   if (n_keys == 0) {  // nothing of this token here: needs no input, leaves nothing to merge
-    allow_next_kernel();
+    if (!trigger_early) allow_next_kernel();
     if constexpr (kCluster) merge_in_cluster<D, kHeads>(a, seq, head0, 0, &red_s[0][0][0], &ml_s[0][0]);
     return;
   }
-  begin_chained_kernel();
+  wait_for_previous_kernels();
+  if (!trigger_early) allow_next_kernel();
   const KV* k_base = k_head + 8 * c;
   const KV* v_base = v_head + 8 * c;
 
@@ -367,7 +372,7 @@ Status launch_ranges(const DecodeAttentionArgs& a, const DecodeAttentionPlan& pl
   if (plan.wide) {  // one range, no merge (decode_attention checked the plan)
     if constexpr (kHeads <= kMaxWideHeads) {
       launch_chained(attention_kernel<D, KV, kHeads, kSoftcap, false, kNewToken, kWideAttnThreads>, grid,
-                     kWideAttnThreads, 0, stream, a, plan.keys_per_split, 1, plan.prefetch, partial);
+                     kWideAttnThreads, 0, stream, a, plan.keys_per_split, 1, plan.prefetch, plan.trigger_early, partial);
       return launch_status("attention_kernel (one range, 512 threads)");
     }
     return Status::invalid("decode_attention: internal: a wide plan of " + std::to_string(kHeads) + " heads");
@@ -378,11 +383,11 @@ Status launch_ranges(const DecodeAttentionArgs& a, const DecodeAttentionPlan& pl
     static const cudaError_t large = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (large != cudaSuccess) return Status::from_cuda(large, "decode_attention: clusters of up to 16 blocks");
     launch_chained_in_clusters(kernel, grid, dim3(1, 1, unsigned(plan.n_splits)), kAttnThreads, 0, stream, a,
-                               plan.keys_per_split, plan.n_splits, plan.prefetch, partial);
+                               plan.keys_per_split, plan.n_splits, plan.prefetch, plan.trigger_early, partial);
     return launch_status("attention_kernel (ranges merged in a cluster)");
   }
   launch_chained(attention_kernel<D, KV, kHeads, kSoftcap, false, kNewToken>, grid, kAttnThreads, 0, stream, a,
-                 plan.keys_per_split, plan.n_splits, plan.prefetch, partial);
+                 plan.keys_per_split, plan.n_splits, plan.prefetch, plan.trigger_early, partial);
   if (Status s = launch_status("attention_kernel"); !s.ok()) return s;
   if (plan.n_splits == 1) return Status();
   launch_chained(combine_kernel<D>, dim3(unsigned(a.n_seq), unsigned(a.n_head)), D, 0, stream, a,
