@@ -19,7 +19,9 @@
 // Before waiting for the kernel before it (launch.cuh), a block reads its token's position
 // and block table (uploads) and asks L2 for the K and V rows of its keys, so that the loads
 // after the wait find them there. A block whose range holds none of its token's keys waits
-// for nothing: it leaves at once, or in a cluster only joins the barriers.
+// for nothing: it leaves at once, or in a cluster only joins the barriers. With
+// DecodeAttentionPlan::trigger_early a block lets the next kernel be scheduled first thing,
+// not after its wait (the next kernel still waits for this one's end).
 // With kNewToken (DecodeNewToken) the block normalizes and rotates its queries as it loads
 // them (the norm weights loaded before the wait), and the block whose range holds the
 // token's position computes that key itself (prepare_new_token, attention_new_token.cuh) and
