@@ -198,8 +198,7 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kCluster) merge_in_cluster<D, kHeads>(a, seq, head0, 0, &red_s[0][0][0], &ml_s[0][0]);
     return;
   }
-  wait_for_previous_kernels();
-  if (!trigger_early) allow_next_kernel();
+  begin_chained_kernel(trigger_early);
   const KV* k_base = k_head + 8 * c;
   const KV* v_base = v_head + 8 * c;
 

@@ -145,6 +145,12 @@ __device__ __forceinline__ void begin_chained_kernel() {
   wait_for_previous_kernels();
   allow_next_kernel();
 }
+// The same for a kernel that may have let the next one be scheduled at its start already
+// (`next_allowed`: it called allow_next_kernel() before anything else): then only the wait.
+__device__ __forceinline__ void begin_chained_kernel(bool next_allowed) {
+  wait_for_previous_kernels();
+  if (!next_allowed) allow_next_kernel();
+}
 
 // An f32 value into an f32 or f16 (round to nearest even) element, e.g. of the KV cache.
 __device__ __forceinline__ void store_as(float* p, float x) { *p = x; }

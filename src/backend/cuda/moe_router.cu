@@ -115,8 +115,7 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
     const int64_t v = int64_t(s) * kRouterThreads + threadIdx.x;
     nw[s] = norm4 && v < n4 ? __ldg(norm4 + v) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
   }
-  detail::wait_for_previous_kernels();
-  if (!a.trigger_early) detail::allow_next_kernel();
+  detail::begin_chained_kernel(a.trigger_early);
 
   const float4* x4 = reinterpret_cast<const float4*>(a.x + t * a.x_stride);
   float4 xv[kVecs];
