@@ -141,11 +141,10 @@ TEST(CudaMoeNormRoute, MatchesDoubleReference) {
     std::vector<int32_t> first_ids;
     for (int run = 0; run < 4; ++run) {
       a.tickets_only = run >= 2;
-      a.trigger_early = run == 1 || run == 2;  // where the blocks let the next kernel be scheduled: no effect
       const bool q8 = takes_q8 && run % 2 == 1;
       a.q8 = q8 ? d_q8.as<uint8_t>() : nullptr, a.q8_row_bytes = q8 ? q8_row : 0;
       const std::string run_what = what + " run " + std::to_string(run) + (a.tickets_only ? " (tickets)" : "") +
-                                   (q8 ? " (int8 copy)" : "") + (a.trigger_early ? " (early trigger)" : "");
+                                   (q8 ? " (int8 copy)" : "");
       d_normed.poison(), d_logits.poison(), d_ids.poison(), d_w.poison(), d_q8.poison();
       ASSERT_TRUE(moe_norm_route_fits(a)) << run_what;
       KILN_STATUS_OK(moe_norm_route(a, nullptr));

@@ -98,11 +98,6 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
     // KILN_CUDA_MOE_X_IN_FRONT=0 (read once) leaves it to a launch of its own there.
     static const bool x_apart = cuda::env_is("KILN_CUDA_MOE_X_IN_FRONT", "0");
     if (!x_apart && n_embd % 32 == 0) a.q8 = q8_for_next_matmul(n_embd, T, &a.q8_row_bytes);
-    // KILN_CUDA_MOE_FRONT_EARLY_TRIGGER=1: the experts' gate / up is scheduled as the front's
-    // blocks start (prepared, not yet measured: docs/perf-notes.md, round 23). The kernel after
-    // the front waits before it reads anything (the ids, x's int8 copy), so this is safe.
-    static const bool front_early = cuda::env_is("KILN_CUDA_MOE_FRONT_EARLY_TRIGGER", "1");
-    a.trigger_early = front_early;
     if (apart && cuda::moe_norm_route_fits(a)) {
       cuda_ops::Sig sig(Op::MoeRoute);
       sig.t(x).t(norm_weight).v(eps).t(normed).t(router).t(router_bias).t(logits).t(ids).t(weights);

@@ -102,7 +102,6 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
   const bool owns_row = row < a.route.n_expert;
   const float4* w = reinterpret_cast<const float4*>(a.router + (owns_row ? row : 0) * a.router_stride);
   const float4* norm4 = reinterpret_cast<const float4*>(a.norm_weight);
-  if (a.trigger_early) detail::allow_next_kernel();
 
   float4 wv[kPrefetchVecs], nw[kVecs];
 #pragma unroll
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(kRouterThreads) moe_norm_route_kernel(MoeNormR
     const int64_t v = int64_t(s) * kRouterThreads + threadIdx.x;
     nw[s] = norm4 && v < n4 ? __ldg(norm4 + v) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
   }
-  detail::begin_chained_kernel(a.trigger_early);
+  detail::begin_chained_kernel();
 
   const float4* x4 = reinterpret_cast<const float4*>(a.x + t * a.x_stride);
   float4 xv[kVecs];

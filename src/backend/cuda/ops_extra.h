@@ -140,10 +140,6 @@ struct MoeNormRouteArgs {
   // Tests: the tickets even where the token's blocks fit a thread block cluster (moe_router.cu
   // routes from the cluster's shared memory there; the same results, bit for bit).
   bool tickets_only = false;
-  // The blocks let the next chained kernel be scheduled as they start, not after their wait
-  // (as DecodeAttentionPlan::trigger_early). Only where the next kernel reads nothing written
-  // by the kernels before this one before its own wait: the experts' gate / up does not.
-  bool trigger_early = false;
 };
 // Whether the fused kernel takes these sizes and alignments (else run the three ops).
 bool moe_norm_route_fits(const MoeNormRouteArgs& args);
