@@ -4,6 +4,8 @@
 // summed in the same order), and the registry answers for whole tiles inside a registered
 // matrix only.
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/decode_layout.h"
 #include "backend/cuda/matvec.h"
@@ -175,16 +177,33 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{GgmlType::Q6_K, 4096, {130}, false},
                       LayoutCase{GgmlType::Q6_K, 14336, {70}, false},
                       LayoutCase{GgmlType::Q6_K, 6144, {40}, false},   // 24 groups: 32 lanes, one chunk
-                      LayoutCase{GgmlType::Q6_K, 2048, {64}, true}));  // 8 groups: 8 lanes a row
+                      LayoutCase{GgmlType::Q6_K, 2048, {64}, true},    // 8 groups: 8 lanes a row
+                      // Llama-3-8B's q/k/v and down: warps with several items (the next item's
+                      // words loaded while this one's are dotted, across tasks)
+                      LayoutCase{GgmlType::Q4_0, 4096, {4096, 1024, 1024}, true},
+                      LayoutCase{GgmlType::Q4_0, 14336, {4200}, false},
+                      LayoutCase{GgmlType::Q8_0, 14336, {4200}, false},
+                      LayoutCase{GgmlType::Q4_K, 14336, {4200}, false}));
+
+// Every int8 glu format at 96 rows and at 14336.
+std::vector<std::pair<GgmlType, int64_t>> layout_glu_cases() {
+  std::vector<std::pair<GgmlType, int64_t>> cases;
+  for (const int64_t rows : {int64_t(96), int64_t(14336)})
+    for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) cases.emplace_back(type, rows);
+  return cases;
+}
 
 // gate / up with the glu in the epilogue (the int8 glu kernel, matvec_grouped_glu.cu): from the
 // interleaved layout, gate, up, the activation and its int8 copy are the block layout's bits.
-// Llama-3-8B's width, 96 rows (3 h-blocks), the norm inside.
+// Llama-3-8B's width, 96 rows (3 h-blocks) and Llama-3-8B's 14336 (448 h-blocks: warps with 8
+// items, so that the items copied ahead (KILN_CUDA_GLU_AHEAD) wrap their slots), the norm inside.
 TEST(DecodeLayoutGlu, ProductsGiveTheBlockLayoutsBits) {
   KILN_REQUIRE_GPU();
-  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
-    SCOPED_TRACE(type_name(type));
-    constexpr int64_t K = 4096, N = 96;
+  for (const std::pair<GgmlType, int64_t>& c : layout_glu_cases()) {
+    const GgmlType type = c.first;
+    const int64_t N = c.second;
+    SCOPED_TRACE(std::string(type_name(type)) + " rows " + std::to_string(N));
+    constexpr int64_t K = 4096;
     const int64_t w_row = K / traits(type).block_size * traits(type).type_size;
     const int64_t q8_row = q8_row_bytes(N);
     std::mt19937_64 rng(uint64_t(type) * 7 + 1);

@@ -42,9 +42,41 @@ struct GluProducts {
   int groups;  // of each row, at most 16
 };
 
+// Items ahead (the interleaved kernel's kAhead): a lane copies the group of item i + kAhead + 1
+// into shared memory (a slot a warp per item, where the copy stages would be) as it finishes
+// item i, and loads item i + 1 from its slot once item i's dot is done; so kAhead items a lane
+// are on their way while a dot runs, against one (the next item, reloaded into the registers
+// being read) without. Groups of 144 bytes only (q4_0, q4_K): two slots of a block's lanes are
+// 74 KB, which still lets two blocks share a multiprocessor (q8_0's would take 139 KB; q6_K's d
+// sits apart from its words).
+template <typename Fmt>
+constexpr bool takes_items_ahead() {
+  return std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ4_K>;
+}
+// A block's shared memory for one slot: every lane's group.
+template <typename Fmt>
+constexpr size_t slot_bytes() {
+  return size_t(kGroupedWarps) * kWarpSize * layout_loads<Fmt>() * 16;
+}
+// Lane `lane`'s words of item i in slot i % kAhead of warp `warp`'s (from `slots` on), 16-byte
+// words kWarpSize apart so that a warp's copies and loads of one word are contiguous.
+template <typename Fmt, int kAhead>
+__device__ __forceinline__ uint4* ahead_slot(uint8_t* slots, int warp, int lane, int i) {
+  return reinterpret_cast<uint4*>(slots) + (size_t(warp) * kAhead + size_t(i % kAhead)) * layout_loads<Fmt>() * kWarpSize +
+         lane;
+}
+// This lane's group in the layout (`from`; nothing where null) into its slot, by asynchronous
+// copies (the caller commits).
+template <typename Fmt>
+__device__ __forceinline__ void copy_to_slot(const WordAddress& from, uint4* slot) {
+  if (!from.first) return;
+#pragma unroll
+  for (int k = 0; k < layout_loads<Fmt>(); ++k) cp_async_16(slot + k * kWarpSize, from.first + k * from.step);
+}
+
 // kStages == 0: p.w are in the interleaved layout (decode_layout.h), each lane's group loaded
-// straight into registers, no copy stages.
-template <typename Fmt, int kStages>
+// straight into registers, no copy stages; kAhead > 0: with items ahead (above).
+template <typename Fmt, int kStages, int kAhead = 0>
 __global__ void __launch_bounds__(kGroupedThreads,
                                   kStages == 1 ? 3 : (kStages == 0 ? kInterleavedMinBlocks : kTwoStageMinBlocks))
     matvec_glu_kernel(GluProducts p, F32Input in, PairEpilogue ep) {
@@ -82,6 +114,8 @@ __global__ void __launch_bounds__(kGroupedThreads,
     cp_async_commit();
   };
 
+  static_assert(kAhead == 0 || (kStages == 0 && takes_items_ahead<Fmt>()));
+
   // Interleaved mode: item i's group of this lane (its row of gate or up) into g. The lane's
   // matrix is picked by a select, not p.w[slot]: indexing the parameter by a value known only
   // at run time puts the whole struct in local memory, read back for every item.
@@ -108,13 +142,40 @@ __global__ void __launch_bounds__(kGroupedThreads,
   load_norm_weights<kPairF32Steps>(in, p.groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
   allow_next_kernel();
+  // Items 1..kAhead into their slots, one commit group each (as every later copy), on their way
+  // while x is prepared. (No lambdas for these: merely defined, they made the one-stage
+  // instances spill.)
+  if constexpr (kAhead > 0) {
+    for (int i = 1; i <= kAhead; ++i) {
+      copy_to_slot<Fmt>(item_address(i), ahead_slot<Fmt, kAhead>(stages, warp, lane, i));
+      cp_async_commit();
+    }
+  }
   quantize_input_to_shared(in, p.groups * kGroupElems, x_s, ds_s, norm_w);
-  cp_async_wait<0>();
+  if constexpr (!kInterleaved) cp_async_wait<0>();
   __syncthreads();
 
   for (int i = 0; i < items; ++i) {
     float acc = 0.0f;
-    if constexpr (kInterleaved) {
+    if constexpr (kInterleaved && kAhead > 0) {
+      // This item from g; then item i + 1 from its slot once its group has landed (items up to
+      // i + kAhead were copied, one group each, so at most kAhead - 1 may still be pending), and
+      // the slot takes item i + 1 + kAhead. Waiting only after the dot keeps kAhead items on
+      // their way while it runs. A lane reads only its own words: no barrier.
+      if (li < p.groups) {
+        const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
+        const float4* dg = reinterpret_cast<const float4*>(ds_s + li * kDsGroupBytes);
+        accumulate_group_words<Fmt>(g, xg, dg, acc);
+      }
+      cp_async_wait<kAhead - 1>();
+      if (item_address(i + 1).first) {
+        WordAddress copy;
+        copy.first = ahead_slot<Fmt, kAhead>(stages, warp, lane, i + 1), copy.step = kWarpSize;
+        load_words<Fmt, true>(g, copy);
+      }
+      copy_to_slot<Fmt>(item_address(i + 1 + kAhead), ahead_slot<Fmt, kAhead>(stages, warp, lane, i + 1 + kAhead));
+      cp_async_commit();
+    } else if constexpr (kInterleaved) {
       const WordAddress next = item_address(i + 1);  // its words replace this item's as they are read
       if (li < p.groups) {
         const int4* xg = reinterpret_cast<const int4*>(x_s + li * kXGroupBytes);
@@ -177,6 +238,18 @@ int glu_rounds(int h_blocks, int blocks_per_sm, int sms) {
   return (h_blocks + sms - 1) / sms;
 }
 
+// Whether the interleaved launch takes items ahead: KILN_CUDA_GLU_AHEAD=0 never, 2 for q4_0 and
+// q4_K, else (the default) for q4_K only. Measured (docs/perf-notes.md, round 24): Llama-3-8B
+// Q4_K_M 1.8215 -> 1.7812 ms a step, Q4_0 1.6142 -> 1.6800 (slower: not by default).
+template <typename Fmt>
+bool glu_items_ahead_wanted() {
+  static const int mode = env_int("KILN_CUDA_GLU_AHEAD", 1);
+  return mode == 2 || (mode != 0 && std::is_same_v<Fmt, GroupQ4_K>);
+}
+// Dynamic shared memory a block may take with two blocks on a multiprocessor (228 KB, 1 KB of it
+// reserved a block).
+constexpr size_t kTwoBlocksSmem = 228 * 1024 / 2 - 1024;
+
 template <typename Fmt, int kStages>
 Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
   constexpr auto kernel = matvec_glu_kernel<Fmt, kStages>;
@@ -194,10 +267,10 @@ Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpi
 // every resident block, dealt the h-blocks in turn (264 blocks: 184 take two, 80 one), so that
 // no multiprocessor runs a single block. Measured in one call (docs/perf-notes.md, round 15):
 // Q8_0 2.417 -> 2.399 ms a step with every block, Q4_0 1.664 -> 1.674 (slower).
-template <typename Fmt>
+template <typename Fmt, int kAhead>
 Status launch_glu_interleaved(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
-  constexpr auto kernel = matvec_glu_kernel<Fmt, 0>;
-  const size_t smem = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, 0);
+  constexpr auto kernel = matvec_glu_kernel<Fmt, 0, kAhead>;
+  const size_t smem = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, 0) + kAhead * slot_bytes<Fmt>();
   int blocks_per_sm = 0, sms = 0;
   if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
   const int h_blocks = p.rows / kGluBlockValues, resident = blocks_per_sm * sms;
@@ -213,8 +286,14 @@ Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& 
   if constexpr (grouped_interleavable<Fmt, Fmt>()) {
     const size_t tile = size_t(interleave_tile_rows(p.groups)) * size_t(p.w_row_bytes);
     if (interleaved_tiles(p.w[0], span, tile) && interleaved_tiles(p.w[1], span, tile) &&
-        p.w_row_bytes == p.groups * Fmt::kGroupBytes)
-      return launch_glu_interleaved<Fmt>(p, in, ep, stream);
+        p.w_row_bytes == p.groups * Fmt::kGroupBytes) {
+      // Two items ahead, where two blocks still fit a multiprocessor with their slots.
+      const size_t base = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, 0);
+      if constexpr (takes_items_ahead<Fmt>())
+        if (glu_items_ahead_wanted<Fmt>() && base + 2 * slot_bytes<Fmt>() <= kTwoBlocksSmem)
+          return launch_glu_interleaved<Fmt, 2>(p, in, ep, stream);
+      return launch_glu_interleaved<Fmt, 0>(p, in, ep, stream);
+    }
   }
   if (is_interleaved(p.w[0], span) || is_interleaved(p.w[1], span))
     return Status::invalid("matvec (glu): gate / up are in the interleaved layout, and this launch cannot read them "

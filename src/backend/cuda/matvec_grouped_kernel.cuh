@@ -292,22 +292,29 @@ __device__ __forceinline__ WordAddress interleaved_group(const uint8_t* w, int64
     return {reinterpret_cast<const uint4*>(w) + first, step};
   }
 }
-template <typename Fmt>
+// kShared: `a` is a lane's copy of the words in shared memory (a.step apart; never q6_K, whose d
+// sits apart), not the layout in global memory.
+template <typename Fmt, bool kShared = false>
 __device__ __forceinline__ void load_word(uint32_t (&g)[group_words<Fmt>()], const WordAddress& a, int k) {
   if constexpr (std::is_same_v<Fmt, GroupQ6_K>) {
+    static_assert(!kShared);
     if (k == kQ6KLayoutWords) {  // d, to where Fmt::load puts it
       g[GroupQ6_K::kWords - 1] = __ldcs(a.d);
       return;
     }
   }
-  const uint4 v = __ldcs(a.first + k * a.step);  // read once a step
+  uint4 v;
+  if constexpr (kShared)
+    v = a.first[k * a.step];
+  else
+    v = __ldcs(a.first + k * a.step);  // read once a step
   g[4 * k] = v.x, g[4 * k + 1] = v.y, g[4 * k + 2] = v.z, g[4 * k + 3] = v.w;
 }
-template <typename Fmt>
+template <typename Fmt, bool kShared = false>
 __device__ __forceinline__ void load_words(uint32_t (&g)[group_words<Fmt>()], const WordAddress& a) {
   if (!a.first) return;
 #pragma unroll
-  for (int k = 0; k < layout_loads<Fmt>(); ++k) load_word<Fmt>(g, a, k);
+  for (int k = 0; k < layout_loads<Fmt>(); ++k) load_word<Fmt, kShared>(g, a, k);
 }
 // One lane's group in registers dotted with the group's int8 x and scales in shared memory,
 // added to acc. With kReload, each word of g is then reloaded from `next` (the next item's
