@@ -25,6 +25,7 @@
 
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/matvec_grouped_kernel.cuh"
+#include "backend/cuda/occupancy.h"
 
 namespace kiln::cuda::detail {
 
@@ -246,9 +247,6 @@ bool glu_items_ahead_wanted() {
   static const int mode = env_int("KILN_CUDA_GLU_AHEAD", 1);
   return mode == 2 || (mode != 0 && std::is_same_v<Fmt, GroupQ4_K>);
 }
-// Dynamic shared memory a block may take with two blocks on a multiprocessor (228 KB, 1 KB of it
-// reserved a block).
-constexpr size_t kTwoBlocksSmem = 228 * 1024 / 2 - 1024;
 
 template <typename Fmt, int kStages>
 Status launch_glu_stages(const GluProducts& p, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
@@ -290,7 +288,8 @@ Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& 
       // Two items ahead, where two blocks still fit a multiprocessor with their slots.
       const size_t base = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, 0);
       if constexpr (takes_items_ahead<Fmt>())
-        if (glu_items_ahead_wanted<Fmt>() && base + 2 * slot_bytes<Fmt>() <= kTwoBlocksSmem)
+        if (glu_items_ahead_wanted<Fmt>() &&
+            base + 2 * slot_bytes<Fmt>() <= shared_bytes_for_blocks(kInterleavedMinBlocks))
           return launch_glu_interleaved<Fmt, 2>(p, in, ep, stream);
       return launch_glu_interleaved<Fmt, 0>(p, in, ep, stream);
     }

@@ -227,7 +227,7 @@ constexpr int gate_up_one_wave_blocks() {
 }
 template <typename Fmt>
 constexpr int gate_up_one_wave_stages() {
-  constexpr int kBudget = 228 * 1024 / gate_up_one_wave_blocks<Fmt>() - 1024;  // bytes of stages a block
+  constexpr int kBudget = int(shared_bytes_for_blocks(gate_up_one_wave_blocks<Fmt>()));  // bytes of stages a block
   constexpr int kFit = kBudget / (kMoeWarps * 2 * ChunkShape<Fmt>::kStageBytes);
   return kFit >= 3 ? 3 : 2;
 }

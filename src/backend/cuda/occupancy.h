@@ -14,6 +14,14 @@ namespace kiln::cuda {
 // Multiprocessors of the current device (read once).
 int multiprocessor_count();
 
+// sm_90's shared memory a multiprocessor, of which 1 KB is reserved for every resident block.
+inline constexpr size_t kSharedBytesPerMultiprocessor = 228 * 1024;
+inline constexpr size_t kReservedSharedBytesPerBlock = 1024;
+// The shared memory each of `blocks` blocks may take so that all of them fit one multiprocessor.
+constexpr size_t shared_bytes_for_blocks(int blocks) {
+  return kSharedBytesPerMultiprocessor / size_t(blocks) - kReservedSharedBytesPerBlock;
+}
+
 // The dynamic shared memory that caps `kernel` (`threads` a block) at `want` blocks a
 // multiprocessor: 0 where at most `want` fit already, or where fewer than `at_least` fit (left
 // as it is). The kernel's attribute for that much dynamic shared memory is set.
