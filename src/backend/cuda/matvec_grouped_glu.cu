@@ -50,6 +50,7 @@ struct GluProducts {
 // being read) without. Groups of 144 bytes only (q4_0, q4_K): two slots of a block's lanes are
 // 74 KB, which still lets two blocks share a multiprocessor (q8_0's would take 139 KB; q6_K's d
 // sits apart from its words).
+constexpr int kGluItemsAhead = 2;  // the launch's kAhead where it takes items ahead
 template <typename Fmt>
 constexpr bool takes_items_ahead() {
   return std::is_same_v<Fmt, GroupQ4_0> || std::is_same_v<Fmt, GroupQ4_K>;
@@ -285,12 +286,12 @@ Status launch_glu(const GluProducts& p, const F32Input& in, const PairEpilogue& 
     const size_t tile = size_t(interleave_tile_rows(p.groups)) * size_t(p.w_row_bytes);
     if (interleaved_tiles(p.w[0], span, tile) && interleaved_tiles(p.w[1], span, tile) &&
         p.w_row_bytes == p.groups * Fmt::kGroupBytes) {
-      // Two items ahead, where two blocks still fit a multiprocessor with their slots.
+      // Items ahead, where two blocks still fit a multiprocessor with their slots.
       const size_t base = grouped_smem_bytes<Fmt>(int64_t(p.groups) * kGroupElems, 0);
       if constexpr (takes_items_ahead<Fmt>())
         if (glu_items_ahead_wanted<Fmt>() &&
-            base + 2 * slot_bytes<Fmt>() <= shared_bytes_for_blocks(kInterleavedMinBlocks))
-          return launch_glu_interleaved<Fmt, 2>(p, in, ep, stream);
+            base + kGluItemsAhead * slot_bytes<Fmt>() <= shared_bytes_for_blocks(kInterleavedMinBlocks))
+          return launch_glu_interleaved<Fmt, kGluItemsAhead>(p, in, ep, stream);
       return launch_glu_interleaved<Fmt, 0>(p, in, ep, stream);
     }
   }
