@@ -293,6 +293,22 @@ TEST(CudaMoeDownWalk, TwoRowsPerWarp) {
   }
 }
 
+// More slots than the int8 down kernel takes (a warp's lanes: moe_matvec.cu) go to the f32 down
+// kernel: still near the reference, for a k-quant and a 32-element type.
+TEST(CudaMoeDownWalk, MoreSlotsThanLanesTakeTheF32Down) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(20261210);
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q8_0}) {
+    const int64_t embd = traits(type).block_size == 256 ? 256 : 64;
+    const MoeCase c{type, type, embd, 256, 40, 33, false};
+    const Problem p = make_problem(rng, c, 2);
+    const std::string what = describe(c, 2);
+    OnDevice dev(p);
+    ASSERT_TRUE(dev.scratch.ok() && dev.out.ok()) << what;
+    EXPECT_TRUE(near_reference(dev.run(MoeDownWalk::Default), p, "33 slots, " + what));
+  }
+}
+
 // An expert id out of range (past the end, or negative) makes its token's output NaN, the
 // other tokens' untouched, in the flattened walk as in the per-segment one.
 TEST(CudaMoeDownWalk, BadExpertIdGivesNanRows) {

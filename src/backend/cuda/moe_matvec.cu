@@ -84,20 +84,26 @@ struct ChunkShape {
 // `ready()` runs once the first chunks' copies are issued and before any activation is read:
 // a chained kernel waits there for the kernel before it (the expert ids it reads for the
 // weight addresses were written two kernels back; see moe_ffn_matvec).
-template <typename Fmt, int kRows, int kStages = kMoeStages, typename Segments, typename Ready>
+template <typename Fmt, int kRows, int kStages = kMoeStages, bool kOneSegment = false, typename Segments,
+          typename Ready>
 __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs, int64_t n_slices, uint8_t* stage,
                                                 float (&acc)[kRows], Ready&& ready) {
   using S = ChunkShape<Fmt>;
+  // Chunk counts and indices in 32 bits (rows of at most 2^31 slices): a 64-bit division of the
+  // chunk index was a large part of the loop's instructions. kOneSegment (n_segs == 1, gate /
+  // up): chunk k is chunk k of the one segment, no division at all.
   const int lane = threadIdx.x % kWarpSize;
   const int64_t n_blocks = n_slices / S::kSlicesPerBlock;
   const int64_t per_seg = (n_slices + kWarpSize - 1) / kWarpSize;
   const int64_t total = n_segs * per_seg;
   auto stage_of = [&](int64_t k, int r) { return stage + (int(k % kStages) * kRows + r) * S::kStageBytes; };
+  auto seg_of = [&](int64_t k) { return kOneSegment ? 0 : int(k / per_seg); };
+  auto chunk_of = [&](int64_t k) { return kOneSegment ? k : k % per_seg; };
 
   auto issue = [&](int64_t k) {
     if (k < total) {
-      const int seg = int(k / per_seg);
-      const int64_t first_block = (k % per_seg) * S::kBlocksPerChunk;
+      const int seg = seg_of(k);
+      const int64_t first_block = chunk_of(k) * S::kBlocksPerChunk;
       const int chunk_bytes = int(min64(S::kBlocksPerChunk, n_blocks - first_block)) * Fmt::kBytes;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -116,8 +122,8 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
   ready();
   for (int64_t k = 0; k < total; ++k) {
     issue(k + kStages - 1);
-    const int seg = int(k / per_seg);
-    const int64_t chunk = k % per_seg;
+    const int seg = seg_of(k);
+    const int64_t chunk = chunk_of(k);
     const int64_t slice = chunk * kWarpSize + lane;
     const bool active = slice < n_slices;
     int x[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -246,7 +252,7 @@ __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_block
   __shared__ __align__(16) uint8_t stage[kMoeWarps][kStages * 2 * S::kStageBytes];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t r = int64_t(blockIdx.x) * kMoeWarps + warp;
-  const int64_t p = blockIdx.y, t = p / a.n_used, j = p % a.n_used;
+  const int p = blockIdx.y, t = p / int(a.n_used), j = p - t * int(a.n_used);  // pairs < 65536
   if (r >= a.n_ff) return;  // no block-wide barriers below
   // The ids come from two kernels back (read before the wait, with the first weights'
   // requests), or from the kernel before where that one made x's int8 copy (MoeFfnArgs::x_q8).
@@ -255,7 +261,7 @@ __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_block
   const int e = expert_of(a, t, j);
   GateUpSegments segs{expert_row(a.gate, e, r), expert_row(a.up, e, r), xq.qs + t * xq.pitch, xq.ds + t * xq.ds_pitch};
   float acc[2] = {0.0f, 0.0f};
-  segments_dot_q8<Fmt, 2, kStages>(segs, 1, a.n_embd / 32, stage[warp], acc, [ids_now] {
+  segments_dot_q8<Fmt, 2, kStages, true>(segs, 1, a.n_embd / 32, stage[warp], acc, [ids_now] {
     if (ids_now) begin_chained_kernel();
   });
   const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
@@ -269,17 +275,27 @@ __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_block
 
 // ---- down, weighted and summed over the slots ------------------------------------------------
 
+// The int8 down kernel looks up a warp's slots once, a slot a lane, into shared memory: the
+// rows' addresses (the expert ids read and the offsets worked out for every chunk were most of
+// the copy issue's instructions) and the routing weights. So it takes at most a warp's lanes
+// of slots; more go to the f32 down kernel (no model has more than 10).
+constexpr int kMaxInt8DownSlots = kWarpSize;
+
 template <int kRows>
 struct DownSegments {
   const MoeFfnArgs* a;
   int64_t t, row0;
   Q8Rows hq;
-  __device__ const uint8_t* row(int j, int r) const {
+  // Slot j's rows at rows[j * kRows + r] and its routing weight at factors[j] (shared memory).
+  const uint8_t* const* rows;
+  const float* factors;
+  __device__ const uint8_t* lookup_row(int j, int r) const {
     return expert_row(a->down, expert_of(*a, t, j), min64(row0 + r, a->n_embd - 1));
   }
+  __device__ const uint8_t* row(int j, int r) const { return rows[j * kRows + r]; }
   __device__ const int8_t* xqs(int j) const { return hq.qs + (t * a->n_used + j) * hq.pitch; }
   __device__ const float2* xds(int j) const { return hq.ds + (t * a->n_used + j) * hq.ds_pitch; }
-  __device__ float factor(int j) const { return a->weights[t * a->weights_stride + j]; }
+  __device__ float factor(int j) const { return factors[j]; }
 };
 
 // The residual's old value for lane r's row r0 + r (r < kRows), read right after the wait so that
@@ -323,8 +339,17 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, 
   const int warp = threadIdx.x / kWarpSize;
   const int64_t row0 = (int64_t(blockIdx.x) * kMoeWarps + warp) * kRows;
   const int64_t t = blockIdx.y;
+  __shared__ const uint8_t* slot_rows[kMoeWarps][kMaxInt8DownSlots * kRows];
+  __shared__ float slot_factors[kMoeWarps][kMaxInt8DownSlots];
+  const int lane = threadIdx.x % kWarpSize;
   if (row0 >= a.n_embd) return;
-  DownSegments<kRows> segs{&a, t, row0, hq};
+  DownSegments<kRows> segs{&a, t, row0, hq, slot_rows[warp], slot_factors[warp]};
+  // The ids, from two kernels back, are read before the wait (see moe_ffn_matvec); the
+  // routing weights in ready(), after it, as every activation.
+  if (lane < a.n_used)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) slot_rows[warp][lane * kRows + r] = segs.lookup_row(lane, r);
+  __syncwarp();
   float acc[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
@@ -332,6 +357,8 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_q8_kernel(MoeFfnArgs a, 
   auto ready = [&] {
     begin_chained_kernel();
     old = residual_old<kRows>(a, t, row0);
+    if (lane < a.n_used) slot_factors[warp][lane] = a.weights[t * a.weights_stride + lane];
+    __syncwarp();
   };
   if constexpr (kFlat)
     segments_dot_q8_flat<Fmt, kRows, kMoeStages>(segs, int(a.n_used), int(a.n_ff / Fmt::kElems), stage[warp], acc,
@@ -447,6 +474,12 @@ bool gate_up_one_wave(const MoeFfnArgs& a) {
   return a.gate_up_launch == MoeGateUpLaunch::OneWave || (a.gate_up_launch == MoeGateUpLaunch::Default && !refused);
 }
 
+// Whether down runs with int8 activations: quantized weights, not exact, and at most
+// kMaxInt8DownSlots slots (the f32 down kernel takes any number).
+bool int8_down(const MoeFfnArgs& a, bool exact) {
+  return !exact && !is_plain_type(a.down.type) && a.n_used <= kMaxInt8DownSlots;
+}
+
 // Whether the down launch caps its blocks a multiprocessor (spread_padding). Down follows
 // gate / up directly where gate / up quantizes h (MoeFfnArgs::h_tickets), so its blocks are
 // placed while gate / up still runs, on the multiprocessors gate / up leaves first: at one
@@ -511,7 +544,7 @@ int64_t moe_h_ticket_count(const MoeFfnArgs& a) { return a.n_tokens * a.n_used *
 
 size_t moe_matvec_scratch_bytes(const MoeFfnArgs& a, bool exact) {
   const bool q8_gate_up = !exact && !detail::is_plain_type(a.gate.type);
-  const bool q8_down = !exact && !detail::is_plain_type(a.down.type);
+  const bool q8_down = detail::int8_down(a, exact);
   return detail::plan_scratch(a, q8_gate_up, q8_down).total;
 }
 
@@ -526,7 +559,7 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
     return Status::invalid("moe_ffn: " + std::to_string(a.n_tokens) + " tokens x " + std::to_string(a.n_used) +
                            " slots is outside 1..65535 pairs for the indexed matvecs");
   const bool q8_gate_up = !exact && !is_plain_type(a.gate.type);
-  const bool q8_down = !exact && !is_plain_type(a.down.type);
+  const bool q8_down = int8_down(a, exact);
   if (a.x_q8 && !q8_rows_fit(a.x_q8, a.x_q8_row_bytes, a.n_embd))
     return Status::invalid("moe_ffn: x's int8 copy needs 16-byte aligned rows of " + std::to_string(a.n_embd) +
                            " values (a multiple of 32) and their scales, got rows of " +
