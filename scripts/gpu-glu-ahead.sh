@@ -21,7 +21,8 @@ for round in 1 2; do
   for type in q4_0 q4_K_M; do
     for ahead in 0 2; do
       echo "$type ahead $ahead round $round: $(KILN_CUDA_GLU_AHEAD=$ahead KILN_CUDA_STEP_TIMING=1 timeout 60 "$K" bench \
-        -m /tmp/glu-$type.gguf -p 0 -n 128 -r 2 --device cuda 2>&1 | grep -o '[0-9.]* ms of GPU time' | head -1)"
+        -m /tmp/glu-$type.gguf -p 0 -n 128 -r 2 --device cuda 2>&1 | grep -o '[0-9.]* ms of GPU time' | head -1)" \
+        | tee -a "$OUT/step-times.txt"
     done
   done
 done
