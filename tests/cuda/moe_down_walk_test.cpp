@@ -19,8 +19,9 @@
 // 1024 (32) is whole; k 1, 2 and 8 slots; 1 and 3 tokens; biases and gpt-oss's SwiGLU on the
 // 3-token cases; 64 tokens (two rows a warp) for four types.
 //
-// Also the gate / up kernel's two launches (MoeFfnArgs::gate_up_launch: four copy stages, or
-// the one-wave kernel's fewer stages and registers): near the reference and the same bits, at
+// Also the gate / up kernel's launches (MoeFfnArgs::gate_up_launch: four copy stages, the
+// one-wave kernel's fewer stages and registers, or the direct kernel's loads without staging,
+// q4_K only, the one wave elsewhere): near the reference and the same bits, at
 // rows of 2304 and 3328 columns (2.25 and 3.25 chunks of 1024: the stages wrap, the last
 // chunk partial).
 #include <gtest/gtest.h>
@@ -170,6 +171,15 @@ INSTANTIATE_TEST_SUITE_P(Int8Types, CudaMoeDownWalkType,
 
 class CudaMoeGateUpLaunch : public ::testing::TestWithParam<GgmlType> {};
 
+std::string launch_name(MoeGateUpLaunch launch) {
+  switch (launch) {
+    case MoeGateUpLaunch::FourStages: return ", four stages";
+    case MoeGateUpLaunch::OneWave: return ", one wave";
+    case MoeGateUpLaunch::Direct: return ", direct";
+    default: return ", default";
+  }
+}
+
 TEST_P(CudaMoeGateUpLaunch, OneWaveGivesTheFourStageBits) {
   KILN_REQUIRE_GPU();
   const GgmlType type = GetParam();
@@ -183,9 +193,11 @@ TEST_P(CudaMoeGateUpLaunch, OneWaveGivesTheFourStageBits) {
       ASSERT_TRUE(dev.scratch.ok() && dev.out.ok()) << what;
       const std::vector<float> four = dev.run(MoeDownWalk::Default, MoeGateUpLaunch::FourStages);
       const std::vector<float> one_wave = dev.run(MoeDownWalk::Default, MoeGateUpLaunch::OneWave);
+      const std::vector<float> direct = dev.run(MoeDownWalk::Default, MoeGateUpLaunch::Direct);
       EXPECT_TRUE(near_reference(four, p, "gate / up in four stages, " + what));
       EXPECT_TRUE(near_reference(one_wave, p, "gate / up in one wave, " + what));
       EXPECT_TRUE(all_equal_bits(one_wave, four, "gate / up in one wave vs four stages, " + what));
+      EXPECT_TRUE(all_equal_bits(direct, four, "gate / up direct vs four stages, " + what));
     }
 }
 
@@ -198,7 +210,7 @@ INSTANTIATE_TEST_SUITE_P(Int8Types, CudaMoeGateUpLaunch,
                          });
 
 // h's int8 copy made by the gate / up kernel (MoeFfnArgs::h_tickets: the last block of each
-// group of 32 values quantizes it) against the launch of its own: the same bits, with either
+// group of 32 values quantizes it) against the launch of its own: the same bits, with every
 // gate / up launch, twice in a row (the tickets must be back at zero after each launch, else
 // the second call leaves groups unquantized: the scratch is poisoned before each call), and
 // the tickets all zero at the end. n_ff 768 (24 groups a pair) and 1024, 8 slots, 1 and 3
@@ -216,8 +228,9 @@ TEST_P(CudaMoeGateUpLaunch, HQuantizedInsideGivesTheOwnLaunchsBits) {
       const std::string what = describe(c, T);
       OnDevice dev(p);
       ASSERT_TRUE(dev.scratch.ok() && dev.out.ok() && dev.tickets.ok()) << what;
-      for (const MoeGateUpLaunch launch : {MoeGateUpLaunch::FourStages, MoeGateUpLaunch::OneWave}) {
-        const std::string how = what + (launch == MoeGateUpLaunch::OneWave ? ", one wave" : ", four stages");
+      for (const MoeGateUpLaunch launch : {MoeGateUpLaunch::FourStages, MoeGateUpLaunch::OneWave,
+                                           MoeGateUpLaunch::Direct}) {
+        const std::string how = what + launch_name(launch);
         const std::vector<float> apart = dev.run(MoeDownWalk::Default, launch, false);
         const std::vector<float> inside = dev.run(MoeDownWalk::Default, launch, true);
         const std::vector<float> again = dev.run(MoeDownWalk::Default, launch, true);
@@ -232,7 +245,7 @@ TEST_P(CudaMoeGateUpLaunch, HQuantizedInsideGivesTheOwnLaunchsBits) {
 
 // x's int8 copy made before the op (MoeFfnArgs::x_q8, the front's copy in decode; here
 // quantize_q8_host's bytes in rows of the backend's pitch) against x quantized by the op's own
-// launch: the same bits, with either gate / up launch and h quantized apart or inside. x's f32
+// launch: the same bits, with every gate / up launch and h quantized apart or inside. x's f32
 // rows are poisoned (NaN) while the copy stands in, so a kernel that still read them would
 // leave NaN outputs. n_ff 768, 8 slots, 1 and 3 tokens (gpt-oss's SwiGLU and biases on 3).
 TEST_P(CudaMoeGateUpLaunch, XCopyFromBeforeGivesTheOwnLaunchsBits) {
@@ -255,9 +268,10 @@ TEST_P(CudaMoeGateUpLaunch, XCopyFromBeforeGivesTheOwnLaunchsBits) {
       for (size_t b = 0; b < q.d.size(); ++b) ds[2 * b] = q.d[b], ds[2 * b + 1] = q.s[b];
     }
     const DeviceBuffer x_q8 = to_device(rows);
-    for (const MoeGateUpLaunch launch : {MoeGateUpLaunch::FourStages, MoeGateUpLaunch::OneWave})
+    for (const MoeGateUpLaunch launch : {MoeGateUpLaunch::FourStages, MoeGateUpLaunch::OneWave,
+                                         MoeGateUpLaunch::Direct})
       for (const bool h_inside : {false, true}) {
-        const std::string how = what + (launch == MoeGateUpLaunch::OneWave ? ", one wave" : ", four stages") +
+        const std::string how = what + launch_name(launch) +
                                 (h_inside ? ", h inside" : ", h apart");
         dev.a.x_q8 = nullptr, dev.a.x_q8_row_bytes = 0;
         dev.x = to_device(p.x), dev.a.x = dev.x.as<float>();

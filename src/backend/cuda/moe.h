@@ -45,7 +45,7 @@ struct ExpertMatrix {
 };
 
 enum class MoeDownWalk { Default, PerSegment, Flat };
-enum class MoeGateUpLaunch { Default, FourStages, OneWave };
+enum class MoeGateUpLaunch { Default, FourStages, OneWave, Direct };
 
 struct MoeFfnArgs {
   ExpertMatrix gate, up;   // n_ff rows of n_embd (gate and up of one type)
@@ -77,8 +77,11 @@ struct MoeFfnArgs {
   // moe_ffn_matvec's int8 gate / up kernel: FourStages, the blocks as many registers as the
   // compiler takes (q4_K: 1,320 of Qwen3-30B-A3B's 1,536 blocks resident, the rest a second
   // wave); OneWave, at most 40 registers and fewer copy stages, so that 12 blocks share a
-  // multiprocessor (moe_matvec.cu). Default: OneWave unless the environment says
-  // KILN_CUDA_MOE_GATE_UP_ONE_WAVE=0 (read once). The same bits either way.
+  // multiprocessor (moe_matvec.cu); Direct, OneWave's grid and registers with each lane reading
+  // its block fields straight from global memory (q4_K rows at 16-byte multiples; else
+  // OneWave). Default: Direct for q4_K unless the environment says KILN_CUDA_MOE_GATE_UP_DIRECT=0,
+  // else OneWave unless it says KILN_CUDA_MOE_GATE_UP_ONE_WAVE=0 (read once). The same bits
+  // every way.
   MoeGateUpLaunch gate_up_launch = MoeGateUpLaunch::Default;
   // moe_ffn_matvec's int8 path (gate / up and down both quantized types): counters, one per
   // 32 values of h (moe_h_ticket_count), zero before the first launch and left zero by every

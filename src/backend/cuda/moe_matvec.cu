@@ -211,6 +211,19 @@ __device__ __forceinline__ void quantize_h_group_if_last(const MoeFfnArgs& a, co
 
 // ---- gate / up + GLU ---------------------------------------------------------------------
 
+// After a warp's dot products of gate row r and up row r of pair p (per-lane sums in acc): h[p][r]
+// from the GLU (NaN for an expert id out of range), and with h_tickets its group's int8 copy.
+__device__ __forceinline__ void finish_gate_up(const MoeFfnArgs& a, float* h, const Q8Rows& hq, int p, int64_t r,
+                                               int e, const float (&acc)[2]) {
+  const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
+  if (threadIdx.x % kWarpSize == 0) {
+    h[p * a.n_ff + r] = e < 0 ? moe_nan()
+                              : glu_of(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
+    if (a.h_tickets) __threadfence();  // visible to the group's last block before this block's ticket
+  }
+  if (a.h_tickets) quantize_h_group_if_last(a, h, hq, p, blockIdx.x);
+}
+
 struct GateUpSegments {
   const uint8_t* gate_row;
   const uint8_t* up_row;
@@ -250,7 +263,7 @@ __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_block
   using S = ChunkShape<Fmt>;
   constexpr int kStages = kOneWave ? gate_up_one_wave_stages<Fmt>() : kMoeStages;
   __shared__ __align__(16) uint8_t stage[kMoeWarps][kStages * 2 * S::kStageBytes];
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
   const int64_t r = int64_t(blockIdx.x) * kMoeWarps + warp;
   const int p = blockIdx.y, t = p / int(a.n_used), j = p - t * int(a.n_used);  // pairs < 65536
   if (r >= a.n_ff) return;  // no block-wide barriers below
@@ -264,13 +277,41 @@ __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_block
   segments_dot_q8<Fmt, 2, kStages, true>(segs, 1, a.n_embd / 32, stage[warp], acc, [ids_now] {
     if (ids_now) begin_chained_kernel();
   });
-  const float g = warp_sum(acc[0]), u = warp_sum(acc[1]);
-  if (lane == 0) {
-    h[p * a.n_ff + r] = e < 0 ? moe_nan()
-                              : glu_of(a.act, g + bias_at(a.gate, e, r), u + bias_at(a.up, e, r), a.alpha, a.limit);
-    if (a.h_tickets) __threadfence();  // visible to the group's last block before this block's ticket
+  finish_gate_up(a, h, hq, p, r, e, acc);
+}
+
+// The direct gate / up launch (MoeFfnArgs::gate_up_launch): the one-wave kernel's grid and
+// registers, but each lane reads its slices' block fields straight from global memory into
+// registers (q4_K, whose fields keep 16-byte alignment, in rows that start at a multiple of 16
+// bytes; q5_K's dot would spill at the one wave's registers). No shared-memory staging, so none of its copy issue,
+// waits and bookkeeping: those were most of the staged kernel's instructions. Lane l takes
+// slices l, l + 32, ... with the same dot and the same sum as the staged kernel: the same bits.
+template <typename Fmt>
+__global__ void __launch_bounds__(kMoeThreads, gate_up_one_wave_blocks<Fmt>())
+    moe_gate_up_direct_kernel(MoeFfnArgs a, Q8Rows xq, float* h, Q8Rows hq) {
+  constexpr int kSlicesPerBlock = Fmt::kElems / 32;
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t r = int64_t(blockIdx.x) * kMoeWarps + warp;
+  const int p = blockIdx.y, t = p / int(a.n_used), j = p - t * int(a.n_used);  // pairs < 65536
+  if (r >= a.n_ff) return;  // no block-wide barriers below
+  begin_chained_kernel();  // the ids and x's int8 copy, from the kernels before
+  const int e = expert_of(a, t, j);
+  const uint8_t* gate = expert_row(a.gate, e, r);
+  const uint8_t* up = expert_row(a.up, e, r);
+  const int8_t* xqs = xq.qs + t * xq.pitch;
+  const float2* xds = xq.ds + t * xq.ds_pitch;
+  const int n_slices = int(a.n_embd / 32);
+  float acc[2] = {0.0f, 0.0f};
+  for (int slice = lane; slice < n_slices; slice += kWarpSize) {
+    const int4* xv = reinterpret_cast<const int4*>(xqs + 32 * slice);
+    const int4 lo = __ldg(xv), hi = __ldg(xv + 1);
+    const int x[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const float2 ds = __ldg(xds + slice);
+    const int off = (slice / kSlicesPerBlock) * Fmt::kBytes, sub = slice % kSlicesPerBlock;
+    acc[0] = fmaf(1.0f, Fmt::template dot_q8<16>(gate, off, sub, x, ds), acc[0]);
+    acc[1] = fmaf(1.0f, Fmt::template dot_q8<16>(up, off, sub, x, ds), acc[1]);
   }
-  if (a.h_tickets) quantize_h_group_if_last(a, h, hq, p, blockIdx.x);
+  finish_gate_up(a, h, hq, p, r, e, acc);
 }
 
 // ---- down, weighted and summed over the slots ------------------------------------------------
@@ -480,6 +521,20 @@ bool int8_down(const MoeFfnArgs& a, bool exact) {
   return !exact && !is_plain_type(a.down.type) && a.n_used <= kMaxInt8DownSlots;
 }
 
+// Whether the gate / up launch takes its direct kernel where the weights are q4_K
+// (MoeFfnArgs::gate_up_launch; by default yes, unless the environment says
+// KILN_CUDA_MOE_GATE_UP_DIRECT=0, read once): gate and up must start every row at a multiple of
+// 16 bytes.
+bool gate_up_direct(const MoeFfnArgs& a) {
+  static const bool refused = env_is("KILN_CUDA_MOE_GATE_UP_DIRECT", "0");
+  const bool wanted =
+      a.gate_up_launch == MoeGateUpLaunch::Direct || (a.gate_up_launch == MoeGateUpLaunch::Default && !refused);
+  auto rows_aligned = [](const ExpertMatrix& m) {
+    return aligned16(m.data) && m.row_bytes % 16 == 0 && m.expert_bytes % 16 == 0;
+  };
+  return wanted && rows_aligned(a.gate) && rows_aligned(a.up);
+}
+
 // Whether the down launch caps its blocks a multiprocessor (spread_padding). Down follows
 // gate / up directly where gate / up quantizes h (MoeFfnArgs::h_tickets), so its blocks are
 // placed while gate / up still runs, on the multiprocessors gate / up leaves first: at one
@@ -592,7 +647,9 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
       return st;
     visit_quant_format(a.gate.type, [&](auto fmt) {
       using Fmt = decltype(fmt);
-      const auto kernel = gate_up_one_wave(a) ? moe_gate_up_q8_kernel<Fmt, true> : moe_gate_up_q8_kernel<Fmt, false>;
+      auto kernel = gate_up_one_wave(a) ? moe_gate_up_q8_kernel<Fmt, true> : moe_gate_up_q8_kernel<Fmt, false>;
+      if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_K>>)
+        if (gate_up_direct(a)) kernel = moe_gate_up_direct_kernel<Fmt>;
       MoeFfnArgs ga = a;
       if (!h_in_gate_up) ga.h_tickets = nullptr;
       status = chained_status(launch_chained(kernel, gate_up_grid, dim3(kMoeThreads), 0, stream, ga, xq, h, hq),
