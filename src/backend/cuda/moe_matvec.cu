@@ -14,7 +14,8 @@
 // Weight rows go through shared memory as in matvec.cu (aligned 16-byte asynchronous
 // copies, a few chunks ahead; GGUF blocks are only byte-aligned), here with the chunks of
 // all of a warp's segments (pair rows) in one pipeline, so short rows (768 columns) still
-// keep several copies in flight.
+// keep several copies in flight. q4_K gate / up rows, whose fields keep 16-byte alignment,
+// are read straight from global memory instead (the direct kernel: fewer instructions).
 //
 // The four launches are chained (launch.cuh): each quantize kernel waits for the kernel
 // before it and only then lets the next one start, so the matvec after it may read the expert
@@ -89,9 +90,9 @@ template <typename Fmt, int kRows, int kStages = kMoeStages, bool kOneSegment = 
 __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs, int64_t n_slices, uint8_t* stage,
                                                 float (&acc)[kRows], Ready&& ready) {
   using S = ChunkShape<Fmt>;
-  // Chunk counts and indices in 32 bits (rows of at most 2^31 slices): a 64-bit division of the
-  // chunk index was a large part of the loop's instructions. kOneSegment (n_segs == 1, gate /
-  // up): chunk k is chunk k of the one segment, no division at all.
+  // kOneSegment (n_segs == 1, gate / up): chunk k is chunk k of the one segment, found with no
+  // division (dividing the 64-bit chunk index was a good part of the gate / up loop's
+  // instructions).
   const int lane = threadIdx.x % kWarpSize;
   const int64_t n_blocks = n_slices / S::kSlicesPerBlock;
   const int64_t per_seg = (n_slices + kWarpSize - 1) / kWarpSize;
@@ -283,9 +284,10 @@ __global__ void __launch_bounds__(kMoeThreads, kOneWave ? gate_up_one_wave_block
 // The direct gate / up launch (MoeFfnArgs::gate_up_launch): the one-wave kernel's grid and
 // registers, but each lane reads its slices' block fields straight from global memory into
 // registers (q4_K, whose fields keep 16-byte alignment, in rows that start at a multiple of 16
-// bytes; q5_K's dot would spill at the one wave's registers). No shared-memory staging, so none of its copy issue,
-// waits and bookkeeping: those were most of the staged kernel's instructions. Lane l takes
-// slices l, l + 32, ... with the same dot and the same sum as the staged kernel: the same bits.
+// bytes; q5_K's dot would spill at the one wave's registers). No shared-memory staging, so none
+// of its copy issue, waits and bookkeeping: those were most of the staged kernel's
+// instructions. Lane l takes slices l, l + 32, ... with the same dot and the same sum as the
+// staged kernel: the same bits.
 template <typename Fmt>
 __global__ void __launch_bounds__(kMoeThreads, gate_up_one_wave_blocks<Fmt>())
     moe_gate_up_direct_kernel(MoeFfnArgs a, Q8Rows xq, float* h, Q8Rows hq) {
