@@ -13,6 +13,7 @@
 #include "backend/cuda/dequant.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/env_switch.h"
+#include "backend/cuda/expert_tiles.h"
 #include "backend/cuda/layout_roles.h"
 #include "formats/gguf.h"
 
@@ -78,6 +79,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_FUSED", "0")) options_.fused = false;
   if (cuda::env_is("KILN_CUDA_MIXED_PARTS", "0")) options_.mixed_parts = false;
   if (cuda::env_is("KILN_CUDA_INTERLEAVED", "0")) options_.interleaved_decode = false;
+  if (cuda::env_is("KILN_CUDA_EXPERT_TILES", "0")) options_.expert_tiles = false;
   read_layout_roles("KILN_CUDA_INTERLEAVED_Q4K", &options_.interleaved_q4_k);
   read_layout_roles("KILN_CUDA_INTERLEAVED_Q6K", &options_.interleaved_q6_k);
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
@@ -234,7 +236,26 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
   stage_upload(info.data, p, info.bytes);
   t.data = p;
   if (can_interleave(t)) interleave(t);
+  if (can_tile_experts(t)) tile_experts(t);
   return t;
+}
+
+bool CudaBackend::can_tile_experts(const Tensor& weight) const {
+  return options_.expert_tiles && !options_.exact && weight.name.find("_exps") != std::string::npos &&
+         weight.ne[2] >= 1 && weight.ne[3] == 1 && weight.is_contiguous() &&
+         cuda::expert_tiles_fit(weight.dtype, weight.ne[1], weight.ne[0]);
+}
+
+void CudaBackend::tile_experts(const Tensor& weight) {
+  if (const cuda::Status s =
+          cuda::tile_experts_in_place(weight.dtype, weight.data, weight.ne[2], weight.ne[1], weight.ne[0], stream_);
+      !s.ok())
+    fail("cuda backend: the row-tile layout of {}: {}", weight.name, s.message());
+  tiled_experts_.push_back(weight.data);
+}
+
+bool CudaBackend::has_expert_tiles(const Tensor& w) const {
+  return std::find(tiled_experts_.begin(), tiled_experts_.end(), w.data) != tiled_experts_.end();
 }
 
 bool CudaBackend::can_interleave(const Tensor& weight) const {

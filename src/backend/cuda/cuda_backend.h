@@ -76,6 +76,11 @@ struct CudaOptions {
   // Only matrices of rows at least this wide: rows of at most 8 groups (2048 weights) run on
   // 8 lanes a row, which read the layout slower than the copy stages (docs/perf-notes.md).
   int64_t interleaved_min_cols = 2304;
+  // Stacked q4_K / q6_K experts (ffn_*_exps of rows a multiple of 32) are permuted at load into
+  // the row-tile layout that the MoE decode kernels load straight into registers
+  // (expert_tiles.h; the prefill GEMM reads it too). Not with `exact` (its f32 kernels read
+  // blocks). KILN_CUDA_EXPERT_TILES=0 keeps the block layout.
+  bool expert_tiles = true;
   // Small per-pass uploads and download_async() as kernels inside the pass's graph, through
   // mapped host memory (step_io.h), instead of copies on the stream between two graphs.
   // KILN_CUDA_STEP_IO=0 turns it off (to measure what it saves).
@@ -96,6 +101,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
   const cuda::StepGraphs& graphs() const { return *graphs_; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // Expert stacks permuted into the row-tile layout at load (CudaOptions::expert_tiles).
+  size_t tiled_expert_stacks() const { return tiled_experts_.size(); }
   // Ops recorded so far, a fused group counting once (tests see whether a fusion happened).
   int64_t recorded_ops() const { return recorded_ops_; }
 
@@ -169,6 +176,12 @@ class CudaBackend final : public Backend {
   // destroyed.
   bool can_interleave(const Tensor& weight) const;
   void interleave(const Tensor& weight);
+  // Whether an uploaded weight is a stack of experts that takes the row-tile layout
+  // (expert_tiles.h; with options_.expert_tiles), and its permutation into it, remembered in
+  // tiled_experts_ for the MoE launches.
+  bool can_tile_experts(const Tensor& weight) const;
+  void tile_experts(const Tensor& weight);
+  bool has_expert_tiles(const Tensor& w) const;
   void record(const cuda::SignatureHash& sig, int64_t tokens, cuda::StepGraphs::Launch launch, const char* op);
   void matmul_exact(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out);
   // The grouped-matvec launches of matmul_parts / matmul_add (cuda_backend_fused.cpp), one per
@@ -323,6 +336,7 @@ class CudaBackend final : public Backend {
   void flush_graph();
   std::vector<void*> device_allocations_;  // weights, retired scratch
   std::vector<const void*> interleaved_;   // weights registered in the interleaved layout
+  std::vector<const void*> tiled_experts_; // expert stacks in the row-tile layout (few: a scan)
   size_t weight_bytes_ = 0;
   Scratch q8_scratch_, matmul_scratch_, glu_half_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;

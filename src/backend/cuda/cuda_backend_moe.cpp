@@ -188,6 +188,11 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
              "cuda moe_ffn: ids {} / weights {} / out {} do not fit {} tokens", ids.describe(), weights.describe(),
              out.describe(), T);
   if (ex.gate.dtype != ex.up.dtype || !cuda::moe_supports(ex.gate.dtype, ex.down.dtype)) {
+    KILN_CHECK(!has_expert_tiles(ex.gate) && !has_expert_tiles(ex.up) && !has_expert_tiles(ex.down),
+               "cuda moe_ffn: experts {} / {} / {} of types {} / {} / {} are in the row-tile layout, which only the "
+               "routed kernels read (KILN_CUDA_EXPERT_TILES=0 keeps the block layout)",
+               ex.gate.name, ex.up.name, ex.down.name, type_name(ex.gate.dtype), type_name(ex.up.dtype),
+               type_name(ex.down.dtype));
     moe_ffn_all_experts(x, ex, ids, weights, act, out);
     return false;
   }
@@ -196,6 +201,8 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
   a.gate = expert_matrix(ex.gate, ex.gate_bias, n_ff, n_expert, "gate");
   a.up = expert_matrix(ex.up, ex.up_bias, n_ff, n_expert, "up");
   a.down = expert_matrix(ex.down, ex.down_bias, n_embd, n_expert, "down");
+  a.gate.row_tiles = has_expert_tiles(ex.gate), a.up.row_tiles = has_expert_tiles(ex.up);
+  a.down.row_tiles = has_expert_tiles(ex.down);
   a.n_embd = n_embd, a.n_ff = n_ff, a.n_expert = n_expert, a.n_used = n_used, a.n_tokens = T;
   a.x = x.as<float>(), a.x_stride = moe_row_stride(x, "x");
   a.ids = ids.as<int32_t>(), a.ids_stride = moe_row_stride(ids, "ids");

@@ -42,6 +42,11 @@ struct ExpertMatrix {
   int64_t row_bytes = 0, expert_bytes = 0;
   const float* bias = nullptr;  // [n_expert][rows] at bias + e * bias_stride, or null
   int64_t bias_stride = 0;
+  // The bytes are in the row-tile layout of expert_tiles.h (q4_K / q6_K; expert_bytes and
+  // row_bytes then say where the rows' tiles start, as in the block layout). The decode
+  // kernels load it straight into registers and the prefill GEMM (tile engine v8, whatever
+  // gemm_version says) copies it back into rows; exact mode refuses it.
+  bool row_tiles = false;
 };
 
 enum class MoeDownWalk { Default, PerSegment, Flat };
@@ -87,7 +92,8 @@ struct MoeFfnArgs {
   // 32 values of h (moe_h_ticket_count), zero before the first launch and left zero by every
   // launch. With them the gate / up kernel also writes h's int8 copy: the last of the 8 blocks
   // that write a group of 32 values quantizes it (one launch fewer a layer; the same bits as
-  // the launch of its own). Null: h is quantized by a launch of its own.
+  // the launch of its own). Null: h is quantized by a launch of its own. (The kernel for
+  // experts in row tiles makes h's int8 copy in either case, without counters.)
   unsigned* h_tickets = nullptr;
   // moe_ffn_matvec's int8 gate / up: x's int8 copy made by the kernel before this op (token t
   // at x_q8 + t * x_q8_row_bytes, laid out as matvec.h's Q8Vector: the front's

@@ -214,6 +214,9 @@ __global__ void __launch_bounds__(256) moe_x_to_bf16_kernel(MoeFfnArgs a, Bf16* 
   if (i < a.n_embd) xb[t * a.n_embd + i] = __float2bfloat16_rn(a.x[t * a.x_stride + i]);
 }
 
+// The first row of row's tile in the row-tile layout (expert_tiles.h): where gemm_tile_v8 finds it.
+__device__ __forceinline__ int64_t tiled_row_base(int64_t row) { return row / kExpertTileRows * kExpertTileRows; }
+
 // Rows x*128 .. of gate (tile rows 0..127) and up (128..255) of the tile's expert, tokens from xb.
 template <typename W, int kStages>
 __global__ void __launch_bounds__(kV8Threads, 1) moe_gate_up_v8_kernel(MoeFfnArgs a, Routing rt, const Bf16* xb, Bf16* h) {
@@ -227,13 +230,14 @@ __global__ void __launch_bounds__(kV8Threads, 1) moe_gate_up_v8_kernel(MoeFfnArg
   const int tid = threadIdx.x;
   if (tid < kV8Rows) {
     const int64_t row = row0 + tid % kHalf;
-    rows[tid] = row < a.n_ff ? matrix_row(tid < kHalf ? a.gate : a.up, tile.expert, row) : nullptr;
+    const ExpertMatrix& m = tid < kHalf ? a.gate : a.up;
+    rows[tid] = row < a.n_ff ? matrix_row(m, tile.expert, m.row_tiles ? tiled_row_base(row) : row) : nullptr;
   } else if (tid - kV8Rows < kTileTokens) {
     const int n = tid - kV8Rows;
     act[n] = n < tile.count ? xb + int64_t(rt.sorted_pair[tile.start + n] / a.n_used) * a.n_embd : nullptr;
   }
   __syncthreads();
-  const float* c = gemm_tile_v8<W, kStages>(smem, rows, act, a.n_embd, tile.count);
+  const float* c = gemm_tile_v8<W, kStages>(smem, rows, act, a.n_embd, tile.count, a.gate.row_tiles);
   for (int idx = tid; idx < kTileTokens * kHalf; idx += kV8Threads) {
     const int n = idx / kHalf, r = idx % kHalf;
     const int64_t row = row0 + r;
@@ -256,13 +260,14 @@ __global__ void __launch_bounds__(kV8Threads, 1) moe_down_v8_kernel(MoeFfnArgs a
   const int64_t row0 = int64_t(blockIdx.x) * kV8Rows;
   const int tid = threadIdx.x;
   if (tid < kV8Rows) {
-    rows[tid] = row0 + tid < a.n_embd ? matrix_row(a.down, tile.expert, row0 + tid) : nullptr;
+    const int64_t row = row0 + tid;
+    rows[tid] = row < a.n_embd ? matrix_row(a.down, tile.expert, a.down.row_tiles ? tiled_row_base(row) : row) : nullptr;
   } else if (tid - kV8Rows < kTileTokens) {
     const int n = tid - kV8Rows;
     act[n] = n < tile.count ? h + int64_t(tile.start + n) * a.n_ff : nullptr;
   }
   __syncthreads();
-  const float* c = gemm_tile_v8<W, kStages>(smem, rows, act, a.n_ff, tile.count);
+  const float* c = gemm_tile_v8<W, kStages>(smem, rows, act, a.n_ff, tile.count, a.down.row_tiles);
   for (int idx = tid; idx < kTileTokens * kV8Rows; idx += kV8Threads) {
     const int n = idx / kV8Rows, r = idx % kV8Rows;
     const int64_t row = row0 + r;
@@ -422,14 +427,20 @@ Status launch_down_v8(const MoeFfnArgs& a, const Routing& rt, const Bf16* h, flo
 Status launch_tile_gemms(int version, const MoeFfnArgs& a, const Routing& rt, Bf16* xb, Bf16* h, float* y,
                          cudaStream_t stream) {
   Status status;
-  if (version == 8 && v8_takes(a.gate, a.n_embd) && v8_takes(a.up, a.n_embd))
+  // Only v8 reads the row-tile layout: it runs those products whatever the version.
+  const bool gate_up_v8 = (version == 8 || a.gate.row_tiles) && v8_takes(a.gate, a.n_embd) && v8_takes(a.up, a.n_embd);
+  const bool down_v8 = (version == 8 || a.down.row_tiles) && v8_takes(a.down, a.n_ff);
+  if ((a.gate.row_tiles && !gate_up_v8) || (a.down.row_tiles && !down_v8))
+    return Status::invalid("moe_ffn grouped GEMM: experts in the row-tile layout must be q4_K / q6_K over whole "
+                           "super-blocks (tile engine v8)");
+  if (gate_up_v8)
     status = launch_gate_up_v8(a, rt, xb, h, stream);
   else
     status = version == 4 ? launch_gate_up<4>(a, rt, h, stream)
              : version == 6 ? launch_gate_up<6>(a, rt, h, stream)
                             : launch_gate_up<7>(a, rt, h, stream);
   if (!status.ok()) return status;
-  if (version == 8 && v8_takes(a.down, a.n_ff)) return launch_down_v8(a, rt, h, y, stream);
+  if (down_v8) return launch_down_v8(a, rt, h, y, stream);
   return version == 4 ? launch_down<4>(a, rt, h, y, stream)
          : version == 6 ? launch_down<6>(a, rt, h, y, stream)
                         : launch_down<7>(a, rt, h, y, stream);
@@ -463,6 +474,8 @@ Status moe_ffn_gemm(const MoeFfnArgs& a, void* scratch, size_t scratch_bytes, cu
   if (a.gemm_version != 0 && a.gemm_version != 4 && a.gemm_version != 6 && a.gemm_version != 7 && a.gemm_version != 8)
     return Status::invalid("moe_ffn grouped GEMM: tile engine version " + std::to_string(a.gemm_version) +
                            " does not exist (0 = default, 4, 6, 7 or 8)");
+  if (a.gate.row_tiles != a.up.row_tiles)
+    return Status::invalid("moe_ffn grouped GEMM: gate and up experts must both be in the row-tile layout or neither");
   if (!moe_gemm_fits(a))
     return Status::invalid("moe_ffn grouped GEMM: n_embd " + std::to_string(a.n_embd) + " and n_ff " +
                            std::to_string(a.n_ff) + " must be multiples of 32, gate and up of one supported type (" +

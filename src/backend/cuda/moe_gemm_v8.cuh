@@ -26,6 +26,7 @@
 //     multiply, half a bf16 pack. The values are exactly v7's: for q4_K dl * q is exact in f32
 //     (an 11-bit d times a 6-bit scale times a 4-bit quant), so fmaf(dl, q, -ml) rounds once
 //     where d*q - m rounds once too; q6_K multiplies as before.
+#include "backend/cuda/expert_tiles.h"
 #include "backend/cuda/moe_gemm_tile.cuh"
 
 namespace kiln::cuda::detail {
@@ -130,12 +131,14 @@ struct Q6kLane {
   uint32_t ql[2][2][2];  // [row][k & 1][word]
   uint32_t qh[2][2];     // [row][word]
 
-  __device__ __forceinline__ void prepare(const uint8_t* base0, int head0, const uint8_t* base1, int head1) {
+  // d_at: where each row's d sits in its pitch (head + 208 for rows staged from blocks).
+  __device__ __forceinline__ void prepare(const uint8_t* base0, int head0, const uint8_t* base1, int head1,
+                                          const int (&d_at)[2]) {
     base[0] = base0, base[1] = base1, head[0] = head0, head[1] = head1;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       uint32_t h[1];
-      load_words<1>(base[r], head[r] + 208, h);
+      load_words<1>(base[r], d_at[r], h);
       d[r] = half_to_float(h[0]);
       load_words<1>(base[r], head[r] + 192, scales[r]);
     }
@@ -224,13 +227,14 @@ __device__ __forceinline__ void v8_q6k_step(Q6kLane& w, float (&acc)[kNTiles][4]
   v8_products(acc, v0, v1, b + kStep * (kTileTokens * kTileK), n_tiles, g, t);
 }
 
-// head0 / head1: where rows r0 / r0 + 8 start in their pitch.
+// head0 / head1: where rows r0 / r0 + 8 start in their pitch; d_at: where their d's sit.
 __device__ __forceinline__ void v8_chunk(Format<GgmlType::Q6_K>, float (&acc)[kNTiles][4], const uint8_t* raw,
-                                         const uint16_t* b, int r0, int head0, int head1, int n_tiles, int lane) {
+                                         const uint16_t* b, int r0, int head0, int head1, const int (&d_at)[2],
+                                         int n_tiles, int lane) {
   constexpr int kPitch = V8Weights<Format<GgmlType::Q6_K>>::kPitch;
   const int g = lane / 4, t = lane % 4;
   Q6kLane w;
-  w.prepare(raw + r0 * kPitch, head0, raw + (r0 + 8) * kPitch, head1);
+  w.prepare(raw + r0 * kPitch, head0, raw + (r0 + 8) * kPitch, head1, d_at);
   v8_q6k_step<0>(w, acc, b, n_tiles, g, t);
   v8_q6k_step<1>(w, acc, b, n_tiles, g, t);
   v8_q6k_step<2>(w, acc, b, n_tiles, g, t);
@@ -241,13 +245,35 @@ __device__ __forceinline__ void v8_chunk(Format<GgmlType::Q6_K>, float (&acc)[kN
   v8_q6k_step<7>(w, acc, b, n_tiles, g, t);
 }
 
-// The block's product of its kV8Rows weight rows (rows[r]: row r's first byte, null past the
-// matrix) with its first n_tokens activation rows (act[n]: K bf16, 16-byte aligned) over K (a
-// multiple of 256) columns; ends with the results in shared memory as c[token * kV8LdC + row]
-// (returned), every thread past a barrier. kStages chunks are in flight or staged at a time.
+// Chunk c (super-block c of every row) of rows in the row-tile layout (expert_tiles.h) into the
+// stage as copy_row_chunks lays rows out from blocks, each row at the start of its pitch:
+// rows[r] is the start of row r's tile, whose slot it is r % 8 (the block's rows start at a
+// multiple of 8). A q6_K row's d stays among its tile's 8: that word goes to bytes 208-223 of
+// the row's pitch, the row's d at 208 + 2 (r % 8). Thread i copies word i / kV8Rows of row
+// i % kV8Rows: the threads of a warp read a tile's 8 rows' word from 128 bytes in a run.
+template <typename W>
+__device__ __forceinline__ void copy_tiled_chunk(uint8_t* stage, const uint8_t* const* rows, int64_t c) {
+  constexpr bool kQ6 = std::is_same_v<W, Format<GgmlType::Q6_K>>;
+  constexpr int kWords = kQ6 ? 13 : 9, kPieces = kWords + (kQ6 ? 1 : 0);
+  constexpr int kPitch = V8Weights<W>::kPitch;
+  static_assert(kPieces * 16 <= kPitch);
+  for (int i = threadIdx.x; i < kV8Rows * kPieces; i += kV8Threads) {
+    const int r = i % kV8Rows, k = i / kV8Rows;
+    if (!rows[r]) continue;
+    const uint8_t* group = rows[r] + c * kExpertTileRows * W::kBytes;
+    const int word = k < kWords ? k * kExpertTileRows + r % kExpertTileRows : kWords * kExpertTileRows;
+    cp_async_16(stage + r * kPitch + 16 * k, group + 16 * word);
+  }
+}
+
+// The block's product of its kV8Rows weight rows (rows[r]: row r's first byte, or with `tiled`
+// the first byte of its tile in the row-tile layout; null past the matrix) with its first
+// n_tokens activation rows (act[n]: K bf16, 16-byte aligned) over K (a multiple of 256)
+// columns; ends with the results in shared memory as c[token * kV8LdC + row] (returned), every
+// thread past a barrier. kStages chunks are in flight or staged at a time.
 template <typename W, int kStages>
 __device__ __forceinline__ float* gemm_tile_v8(uint8_t* smem, const uint8_t* const* rows, const Bf16* const* act,
-                                               int64_t K, int n_tokens) {
+                                               int64_t K, int n_tokens, bool tiled) {
   using L = V8Layout<W, kStages>;
   constexpr int kPitch = V8Weights<W>::kPitch;
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -257,7 +283,10 @@ __device__ __forceinline__ float* gemm_tile_v8(uint8_t* smem, const uint8_t* con
   auto issue = [&](int64_t c) {
     if (c < n_chunks) {
       uint8_t* stage = smem + int(c % kStages) * L::kStageBytes;
-      copy_row_chunks<kV8Rows, kV8Threads, kPitch>(stage, rows, c * W::kBytes, W::kBytes);
+      if (tiled)
+        copy_tiled_chunk<W>(stage, rows, c);
+      else
+        copy_row_chunks<kV8Rows, kV8Threads, kPitch>(stage, rows, c * W::kBytes, W::kBytes);
       // Token n's 256 columns as 32 pieces of 8: piece q -> step q / 4, columns 8 (q % 4).
       uint16_t* b = reinterpret_cast<uint16_t*>(stage + L::kRawBytes);
       for (int i = tid; i < kTileTokens * 32; i += kV8Threads) {
@@ -287,9 +316,12 @@ __device__ __forceinline__ float* gemm_tile_v8(uint8_t* smem, const uint8_t* con
     if constexpr (std::is_same_v<W, Format<GgmlType::Q4_K>>) {
       v8_chunk(W{}, acc, stage, b, r0, n_tiles, lane);
     } else {
-      const int head0 = row0 ? int(reinterpret_cast<uintptr_t>(row0 + c * W::kBytes) & 15) : 0;
-      const int head1 = row1 ? int(reinterpret_cast<uintptr_t>(row1 + c * W::kBytes) & 15) : 0;
-      v8_chunk(W{}, acc, stage, b, r0, head0, head1, n_tiles, lane);
+      const int head0 = row0 && !tiled ? int(reinterpret_cast<uintptr_t>(row0 + c * W::kBytes) & 15) : 0;
+      const int head1 = row1 && !tiled ? int(reinterpret_cast<uintptr_t>(row1 + c * W::kBytes) & 15) : 0;
+      // Rows r0 and r0 + 8 share their slot in their tiles.
+      const int tiled_d = 208 + 2 * (r0 % kExpertTileRows);
+      const int d_at[2] = {tiled ? tiled_d : head0 + 208, tiled ? tiled_d : head1 + 208};
+      v8_chunk(W{}, acc, stage, b, r0, head0, head1, d_at, n_tiles, lane);
     }
   }
   cp_async_wait<0>();

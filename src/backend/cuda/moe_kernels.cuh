@@ -1,12 +1,14 @@
 #pragma once
-// Device pieces shared by the MoE kernels (moe_matvec.cu, moe_gemm.cu): plain
-// (f32 / f16 / bf16) weights seen through the same decode8 interface as the block formats,
-// and a visitor over every weight type the MoE kernels take.
+// Device pieces shared by the MoE kernels (moe_matvec.cu, moe_tiled_decode.cu, moe_gemm.cu):
+// plain (f32 / f16 / bf16) weights seen through the same decode8 interface as the block
+// formats, a visitor over every weight type the MoE kernels take, and the indexed matvecs'
+// routing lookups and int8 copies.
 #include <cmath>
 
 #include "backend/cuda/block_formats.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/glu_math.cuh"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 
 namespace kiln::cuda::detail {
@@ -65,5 +67,33 @@ bool visit_moe_format(GgmlType type, F&& f) {
 __host__ __device__ inline bool is_plain_type(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
 }
+
+// ---- the indexed matvecs' pieces (moe_matvec.cu, moe_tiled_decode.cu) ----------------------
+
+// One block of 32 values, lane i holding value i, to int8: lane i stores its value at *q, lane 0
+// the block's (scale, scale * sum) at *ds. Every int8 copy of x and h is made here.
+__device__ __forceinline__ void quantize_block32(float v, int8_t* q_out, float2* ds_out) {
+  const float one[1] = {v};
+  quantize_block_spread<kWarpSize, 1>(one, q_out, ds_out);
+}
+
+// The expert of slot j of token t, or -1 when the id is out of range.
+__device__ __forceinline__ int expert_of(const MoeFfnArgs& a, int64_t t, int64_t j) {
+  const int e = a.ids[t * a.ids_stride + j];
+  return e >= 0 && e < a.n_expert ? e : -1;
+}
+
+__device__ __forceinline__ float bias_at(const ExpertMatrix& m, int expert, int64_t row) {
+  return m.bias && expert >= 0 ? m.bias[int64_t(expert) * m.bias_stride + row] : 0.0f;
+}
+
+// Where the int8 copies of x and h live (see moe_matvec_scratch_bytes): row i's values at
+// qs + i * pitch, its (scale, scale * sum) pairs at ds + i * ds_pitch.
+struct Q8Rows {
+  const int8_t* qs = nullptr;
+  int64_t pitch = 0;  // bytes between rows of qs
+  const float2* ds = nullptr;
+  int64_t ds_pitch = 0;  // scale pairs between rows' first
+};
 
 }  // namespace kiln::cuda::detail

@@ -16,6 +16,8 @@
 // all of a warp's segments (pair rows) in one pipeline, so short rows (768 columns) still
 // keep several copies in flight. q4_K gate / up rows, whose fields keep 16-byte alignment,
 // are read straight from global memory instead (the direct kernel: fewer instructions).
+// Experts in the row-tile layout (expert_tiles.h, ExpertMatrix::row_tiles) take the kernels of
+// moe_tiled_decode.cu for launches 2 and 4 instead.
 //
 // The four launches are chained (launch.cuh): each quantize kernel waits for the kernel
 // before it and only then lets the next one start, so the matvec after it may read the expert
@@ -35,6 +37,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_flat_segments.cuh"
 #include "backend/cuda/moe_kernels.cuh"
+#include "backend/cuda/moe_tiled_decode.cuh"
 #include "backend/cuda/occupancy.h"
 
 namespace kiln::cuda {
@@ -45,13 +48,6 @@ constexpr int kMoeThreads = kMoeWarps * kWarpSize;
 constexpr int kMoeStages = 4;
 
 // ---- int8 activations --------------------------------------------------------------------
-
-// One block of 32 values, lane i holding value i, to int8: lane i stores its value at *q, lane 0
-// the block's (scale, scale * sum) at *ds. Every int8 copy of x and h is made here.
-__device__ __forceinline__ void quantize_block32(float v, int8_t* q_out, float2* ds_out) {
-  const float one[1] = {v};
-  quantize_block_spread<kWarpSize, 1>(one, q_out, ds_out);
-}
 
 // Rows of n floats (n % 32 == 0) -> int8 blocks of 32 with (scale, scale * sum) per block,
 // as matvec.h's Q8Vector: row i's values at qs + i * qs_pitch, its scales at ds + i * n / 32.
@@ -162,27 +158,9 @@ __device__ __forceinline__ void segments_dot_q8(const Segments& segs, int n_segs
   cp_async_wait<0>();
 }
 
-// The expert of slot j of token t, or -1 when the id is out of range.
-__device__ __forceinline__ int expert_of(const MoeFfnArgs& a, int64_t t, int64_t j) {
-  const int e = a.ids[t * a.ids_stride + j];
-  return e >= 0 && e < a.n_expert ? e : -1;
-}
-
 __device__ __forceinline__ const uint8_t* expert_row(const ExpertMatrix& m, int expert, int64_t row) {
   return static_cast<const uint8_t*>(m.data) + int64_t(expert < 0 ? 0 : expert) * m.expert_bytes + row * m.row_bytes;
 }
-
-__device__ __forceinline__ float bias_at(const ExpertMatrix& m, int expert, int64_t row) {
-  return m.bias && expert >= 0 ? m.bias[int64_t(expert) * m.bias_stride + row] : 0.0f;
-}
-
-// Where the int8 copies live (see moe_matvec_scratch_bytes).
-struct Q8Rows {
-  const int8_t* qs = nullptr;
-  int64_t pitch = 0;  // bytes between rows of qs
-  const float2* ds = nullptr;
-  int64_t ds_pitch = 0;  // scale pairs between rows' first
-};
 
 // The gate / up blocks that write one group of 32 values of h (kMoeWarps rows a block).
 constexpr int kBlocksPerHGroup = 32 / kMoeWarps;
@@ -518,9 +496,10 @@ bool gate_up_one_wave(const MoeFfnArgs& a) {
 }
 
 // Whether down runs with int8 activations: quantized weights, not exact, and at most
-// kMaxInt8DownSlots slots (the f32 down kernel takes any number).
+// kMaxInt8DownSlots slots (the f32 down kernel takes any number) unless the weights are in the
+// row-tile layout (its kernel takes any number too).
 bool int8_down(const MoeFfnArgs& a, bool exact) {
-  return !exact && !is_plain_type(a.down.type) && a.n_used <= kMaxInt8DownSlots;
+  return !exact && !is_plain_type(a.down.type) && (a.down.row_tiles || a.n_used <= kMaxInt8DownSlots);
 }
 
 // Whether the gate / up launch takes its direct kernel where the weights are q4_K
@@ -615,6 +594,11 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
   if (a.n_tokens <= 0 || a.n_used <= 0 || a.n_tokens * a.n_used > 65535 || a.n_embd <= 0 || a.n_ff <= 0)
     return Status::invalid("moe_ffn: " + std::to_string(a.n_tokens) + " tokens x " + std::to_string(a.n_used) +
                            " slots is outside 1..65535 pairs for the indexed matvecs");
+  if (a.gate.row_tiles != a.up.row_tiles)
+    return Status::invalid("moe_ffn: gate and up experts must both be in the row-tile layout or neither");
+  if ((a.gate.row_tiles || a.down.row_tiles) && exact)
+    return Status::invalid("moe_ffn: experts in the row-tile layout have no exact path (an exact backend keeps "
+                           "the block layout)");
   const bool q8_gate_up = !exact && !is_plain_type(a.gate.type);
   const bool q8_down = int8_down(a, exact);
   if (a.x_q8 && !q8_rows_fit(a.x_q8, a.x_q8_row_bytes, a.n_embd))
@@ -629,8 +613,9 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
   float* h = reinterpret_cast<float*>(base + s.h);
   const int64_t P = a.n_tokens * a.n_used;
   Status status;
-  // h's int8 copy made by the gate / up kernel (MoeFfnArgs::h_tickets), or by a launch of its own.
-  const bool h_in_gate_up = q8_gate_up && q8_down && a.h_tickets && a.n_ff % 32 == 0;
+  // h's int8 copy made by the gate / up kernel (MoeFfnArgs::h_tickets; the tiled kernel's
+  // blocks of 32 rows make theirs without), or by a launch of its own.
+  const bool h_in_gate_up = q8_gate_up && q8_down && (a.gate.row_tiles || (a.h_tickets && a.n_ff % 32 == 0));
   const Q8Rows hq = q8_down ? Q8Rows{reinterpret_cast<int8_t*>(base + s.hq), q8_pitch(a.n_ff),
                                      reinterpret_cast<float2*>(base + s.hd), a.n_ff / 32}
                             : Q8Rows{};
@@ -647,16 +632,20 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
                                        const_cast<float2*>(xq.ds), stream);
              !st.ok())
       return st;
-    visit_quant_format(a.gate.type, [&](auto fmt) {
-      using Fmt = decltype(fmt);
-      auto kernel = gate_up_one_wave(a) ? moe_gate_up_q8_kernel<Fmt, true> : moe_gate_up_q8_kernel<Fmt, false>;
-      if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_K>>)
-        if (gate_up_direct(a)) kernel = moe_gate_up_direct_kernel<Fmt>;
-      MoeFfnArgs ga = a;
-      if (!h_in_gate_up) ga.h_tickets = nullptr;
-      status = chained_status(launch_chained(kernel, gate_up_grid, dim3(kMoeThreads), 0, stream, ga, xq, h, hq),
-                              "moe_gate_up_q8_kernel");
-    });
+    if (a.gate.row_tiles) {
+      status = launch_tiled_gate_up(a, xq, h, h_in_gate_up ? hq : Q8Rows{}, stream);
+    } else {
+      visit_quant_format(a.gate.type, [&](auto fmt) {
+        using Fmt = decltype(fmt);
+        auto kernel = gate_up_one_wave(a) ? moe_gate_up_q8_kernel<Fmt, true> : moe_gate_up_q8_kernel<Fmt, false>;
+        if constexpr (std::is_same_v<Fmt, Format<GgmlType::Q4_K>>)
+          if (gate_up_direct(a)) kernel = moe_gate_up_direct_kernel<Fmt>;
+        MoeFfnArgs ga = a;
+        if (!h_in_gate_up) ga.h_tickets = nullptr;
+        status = chained_status(launch_chained(kernel, gate_up_grid, dim3(kMoeThreads), 0, stream, ga, xq, h, hq),
+                                "moe_gate_up_q8_kernel");
+      });
+    }
   } else {
     visit_moe_format(a.gate.type, [&](auto fmt) {
       moe_gate_up_f32_kernel<decltype(fmt)><<<gate_up_grid, kMoeThreads, 0, stream>>>(a, h);
@@ -672,6 +661,7 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
                                     stream);
           !st.ok())
         return st;
+    if (a.down.row_tiles) return launch_tiled_down(a, hq, stream);
     // One row per warp gives more warps (more copies in flight) while the grid is small.
     const bool two_rows = a.n_tokens * a.n_embd >= 16384;
     visit_quant_format(a.down.type, [&](auto fmt) {
