@@ -79,7 +79,8 @@ struct CudaOptions {
   // Stacked q4_K / q6_K experts (ffn_*_exps of rows a multiple of 32) are permuted at load into
   // the row-tile layout that the MoE decode kernels load straight into registers
   // (expert_tiles.h; the prefill GEMM reads it too). Not with `exact` (its f32 kernels read
-  // blocks). KILN_CUDA_EXPERT_TILES=0 keeps the block layout.
+  // blocks). KILN_CUDA_EXPERT_TILES=0 keeps the block layout. Measured (docs/perf-notes.md,
+  // round 26), Qwen3-30B-A3B Q4_K_M: 1.7502 -> 1.6697 ms a decode step; pp512 -6.4%.
   bool expert_tiles = true;
   // Small per-pass uploads and download_async() as kernels inside the pass's graph, through
   // mapped host memory (step_io.h), instead of copies on the stream between two graphs.

@@ -16,7 +16,8 @@
 //     quantized to int8 in blocks of 32 first (as matvec.h; one launch each for x and for
 //     the GLU output; down takes int8 for up to 32 slots, f32 beyond); `exact` instead
 //     decodes the weights to f32 and keeps activations in f32 (results follow an f32
-//     reference to ~1e-6 relative).
+//     reference to ~1e-6 relative). Experts in the row-tile layout (expert_tiles.h,
+//     ExpertMatrix::row_tiles) take kernels of their own (moe_tiled_decode.cu).
 //   - grouped GEMMs (moe_gemm.cu), for many tokens: the pairs are sorted by expert on the
 //     device, then one tensor-core launch covers gate/up (+GLU) of all experts and one
 //     covers down; a last launch weights and sums each token's slots in a fixed order.
