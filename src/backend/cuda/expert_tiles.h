@@ -51,7 +51,9 @@ __host__ __device__ constexpr int64_t expert_tile_word_byte(int64_t row, int64_t
 __host__ __device__ constexpr int64_t expert_tile_q6_k_d_byte(int64_t row, int64_t group, int64_t groups) {
   const int64_t tile = row / kExpertTileRows;
   const int slot = int(row % kExpertTileRows);
-  return tile * kExpertTileRows * groups * 210 + group * kExpertTileRows * 210 + 13 * kExpertTileRows * 16 + 2 * slot;
+  constexpr int kBytes = expert_tile_group_bytes(GgmlType::Q6_K), kWords = expert_tile_group_words(GgmlType::Q6_K);
+  return tile * kExpertTileRows * groups * kBytes + group * kExpertTileRows * kBytes + kWords * kExpertTileRows * 16 +
+         2 * slot;
 }
 
 // Whether stacked experts of `rows` rows of `cols` weights each can take the layout: q4_K or

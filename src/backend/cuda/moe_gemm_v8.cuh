@@ -254,7 +254,8 @@ __device__ __forceinline__ void v8_chunk(Format<GgmlType::Q6_K>, float (&acc)[kN
 template <typename W>
 __device__ __forceinline__ void copy_tiled_chunk(uint8_t* stage, const uint8_t* const* rows, int64_t c) {
   constexpr bool kQ6 = std::is_same_v<W, Format<GgmlType::Q6_K>>;
-  constexpr int kWords = kQ6 ? 13 : 9, kPieces = kWords + (kQ6 ? 1 : 0);
+  constexpr int kWords = expert_tile_group_words(kQ6 ? GgmlType::Q6_K : GgmlType::Q4_K);
+  constexpr int kPieces = kWords + (kQ6 ? 1 : 0);
   constexpr int kPitch = V8Weights<W>::kPitch;
   static_assert(kPieces * 16 <= kPitch);
   for (int i = threadIdx.x; i < kV8Rows * kPieces; i += kV8Threads) {

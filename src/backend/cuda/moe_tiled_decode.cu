@@ -8,8 +8,8 @@
 // (matvec_grouped_kernel.cuh's GroupQ4_K / GroupQ6_K), and loads its next item's words as
 // this item's blocks are read. No staging of weights, so none of its copy issue, waits and
 // bookkeeping: those made the staged MoE kernels instruction-bound (docs/perf-notes.md,
-// round 25). (Activations read from global memory inside the dots instead cost a round trip
-// to L2 per block of 32: a first version was slower than the staged kernels.)
+// round 25). (A first version that read the activations from global memory inside the dots
+// was slower than the staged kernels: round 26.)
 //
 //   gate / up: items = a group of gate row r, then the same group of up row r (they share x);
 //     8 lanes a row, 4 rows a warp; a block of 8 warps takes 32 rows of one (token, slot) pair,
@@ -75,7 +75,8 @@ __device__ __forceinline__ WordAddress tiled_group(const uint8_t* tile, int grou
   const uint8_t* region = tile + int64_t(group) * kExpertTileRows * Fmt::kGroupBytes;
   WordAddress at{reinterpret_cast<const uint4*>(region + 16 * tile_slot), kExpertTileRows};
   if constexpr (kQ6<Fmt>)
-    at.d = reinterpret_cast<const unsigned short*>(region + 16 * 13 * kExpertTileRows + 2 * tile_slot);
+    at.d = reinterpret_cast<const unsigned short*>(
+        region + 16 * expert_tile_group_words(GgmlType::Q6_K) * kExpertTileRows + 2 * tile_slot);
   return at;
 }
 
