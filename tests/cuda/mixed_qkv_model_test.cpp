@@ -8,9 +8,6 @@
 // two-format side must record fewer ops (the fusion ran).
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
-#include <filesystem>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -21,13 +18,6 @@
 namespace kiln::testing {
 namespace {
 
-struct TempModel {
-  std::string path = (std::filesystem::temp_directory_path() /
-                      ("kiln_mixed_qkv_" + std::to_string(::getpid()) + ".gguf"))
-                         .string();
-  ~TempModel() { std::filesystem::remove(path); }
-};
-
 TEST(MixedQkvModel, TwoFormatLaunchMatchesOneLaunchPerType) {
   KILN_REQUIRE_GPU();
   SyntheticShape shape = synthetic_preset("test-tiny");
@@ -36,7 +26,7 @@ TEST(MixedQkvModel, TwoFormatLaunchMatchesOneLaunchPerType) {
   o.type = GgmlType::Q4_K;
   o.q4_k_m = true;
   o.row_pool = true;
-  TempModel tmp;
+  TempGguf tmp("mixed_qkv");
   write_synthetic_model(shape, o, tmp.path);
 
   const std::vector<int32_t> prompt = {1, 17, 300, 42, 5};

@@ -96,20 +96,6 @@ bool default_is_flat(int64_t n_ff, int64_t k) {
   return slices % 32 != 0 && (k * slices + 31) / 32 < k * ((slices + 31) / 32);
 }
 
-::testing::AssertionResult near_reference(const std::vector<float>& got, const Problem& p, const std::string& what) {
-  std::vector<double> tol(p.ref.size());
-  for (size_t i = 0; i < tol.size(); ++i) tol[i] = p.fast_tol[i] + 1e-4 * p.scale[i] + 1e-5;
-  return all_close(got, p.ref, tol, what);
-}
-
-::testing::AssertionResult same_but_order(const std::vector<float>& got, const std::vector<float>& other,
-                                          const Problem& p, const std::string& what) {
-  const std::vector<double> want(other.begin(), other.end());
-  std::vector<double> tol(p.scale.size());
-  for (size_t i = 0; i < tol.size(); ++i) tol[i] = 1e-5 * p.scale[i] + 1e-6;
-  return all_close(got, want, tol, what);
-}
-
 void check_type(GgmlType type, std::mt19937_64& rng) {
   const int64_t embd = traits(type).block_size == 256 ? 256 : 64;
   for (const int64_t n_ff : {768, 1536, 1024})

@@ -139,4 +139,24 @@ inline Problem make_problem(std::mt19937_64& rng, const MoeCase& c, int64_t T) {
   return p;
 }
 
+// A fast path's output against the problem's reference: its bound (moe_test.cpp's top: int8 /
+// bf16 rounding carried to the output) + 1e-4 S + 1e-5.
+inline ::testing::AssertionResult near_reference(const std::vector<float>& got, const Problem& p,
+                                                 const std::string& what) {
+  std::vector<double> tol(p.ref.size());
+  for (size_t i = 0; i < tol.size(); ++i) tol[i] = p.fast_tol[i] + 1e-4 * p.scale[i] + 1e-5;
+  return all_close(got, p.ref, tol, what);
+}
+
+// Two fast paths that compute every term alike and differ only in the order of their f32
+// sums: within 1e-5 S + 1e-6 (S = sum_j w_j (sum_k |down[i][k] h_k| + |bias_i|); sums of at
+// most a few hundred terms reordered move by ~(terms per lane + 5) 2^-24 S).
+inline ::testing::AssertionResult same_but_order(const std::vector<float>& got, const std::vector<float>& other,
+                                                 const Problem& p, const std::string& what) {
+  const std::vector<double> want(other.begin(), other.end());
+  std::vector<double> tol(p.scale.size());
+  for (size_t i = 0; i < tol.size(); ++i) tol[i] = 1e-5 * p.scale[i] + 1e-6;
+  return all_close(got, want, tol, what);
+}
+
 }  // namespace kiln::cuda::testing

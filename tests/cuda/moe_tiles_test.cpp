@@ -19,11 +19,8 @@
 //     layout and without: every step's logits within 1e-5 relative L2 and the same tokens.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -168,20 +165,6 @@ struct TiledProblem {
   }
 };
 
-::testing::AssertionResult near_reference(const std::vector<float>& got, const Problem& p, const std::string& what) {
-  std::vector<double> tol(p.ref.size());
-  for (size_t i = 0; i < tol.size(); ++i) tol[i] = p.fast_tol[i] + 1e-4 * p.scale[i] + 1e-5;
-  return all_close(got, p.ref, tol, what);
-}
-
-::testing::AssertionResult same_but_order(const std::vector<float>& got, const std::vector<float>& other,
-                                          const Problem& p, const std::string& what) {
-  const std::vector<double> want(other.begin(), other.end());
-  std::vector<double> tol(p.scale.size());
-  for (size_t i = 0; i < tol.size(); ++i) tol[i] = 1e-5 * p.scale[i] + 1e-6;
-  return all_close(got, want, tol, what);
-}
-
 struct TypePair {
   GgmlType gate_up, down;
 };
@@ -281,12 +264,6 @@ TEST(CudaMoeTilesArgs, MismatchedOrExactTilesAreRefused) {
   EXPECT_FALSE(moe_ffn_matvec(dev.a, true, dev.scratch.as(), dev.scratch.bytes(), nullptr).ok()) << "exact mode";
 }
 
-struct TempModel {
-  std::string path =
-      (std::filesystem::temp_directory_path() / ("kiln_moe_tiles_" + std::to_string(::getpid()) + ".gguf")).string();
-  ~TempModel() { std::filesystem::remove(path); }
-};
-
 TEST(CudaMoeTilesModel, DecodeWithTilesMatchesBlocks) {
   KILN_REQUIRE_GPU();
   SyntheticShape shape = synthetic_preset("qwen3-30b-a3b");
@@ -296,7 +273,7 @@ TEST(CudaMoeTilesModel, DecodeWithTilesMatchesBlocks) {
   o.type = GgmlType::Q4_K;
   o.q4_k_m = true;
   o.row_pool = true;
-  TempModel tmp;
+  kiln::testing::TempGguf tmp("moe_tiles");
   write_synthetic_model(shape, o, tmp.path);
 
   const std::vector<int32_t> prompt = {1, 17, 300, 42, 5};

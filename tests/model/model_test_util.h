@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "formats/gguf.h"
@@ -21,6 +22,18 @@
 #include "model/source.h"
 
 namespace kiln::testing {
+
+// A path for a test's temporary GGUF file (tag and process id in its name), removed when the
+// object goes.
+struct TempGguf {
+  std::string path;
+  explicit TempGguf(const std::string& tag)
+      : path((std::filesystem::temp_directory_path() / ("kiln_" + tag + "_" + std::to_string(::getpid()) + ".gguf"))
+                 .string()) {}
+  TempGguf(const TempGguf&) = delete;
+  TempGguf& operator=(const TempGguf&) = delete;
+  ~TempGguf() { std::filesystem::remove(path); }
+};
 
 inline std::vector<float> read_f32_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

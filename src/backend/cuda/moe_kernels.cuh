@@ -87,6 +87,19 @@ __device__ __forceinline__ float bias_at(const ExpertMatrix& m, int expert, int6
   return m.bias && expert >= 0 ? m.bias[int64_t(expert) * m.bias_stride + row] : 0.0f;
 }
 
+// The end of down's row `row` of token t: `sum` (its slots' weighted products) plus the slots'
+// weighted biases, NaN when a slot's id is out of range, stored in out and, with a residual,
+// added to it (its old value `old`).
+__device__ __forceinline__ void store_down_row(const MoeFfnArgs& a, int64_t t, int64_t row, float sum, float old) {
+  for (int64_t j = 0; j < a.n_used; ++j) {
+    const int e = expert_of(a, t, j);
+    if (e < 0) sum = moe_nan();
+    sum += a.weights[t * a.weights_stride + j] * bias_at(a.down, e, row);
+  }
+  a.out[t * a.out_stride + row] = sum;
+  if (a.residual) a.residual[t * a.residual_stride + row] = old + sum;
+}
+
 // Where the int8 copies of x and h live (see moe_matvec_scratch_bytes): row i's values at
 // qs + i * pitch, its (scale, scale * sum) pairs at ds + i * ds_pitch.
 struct Q8Rows {

@@ -341,14 +341,7 @@ __device__ __forceinline__ void finish_down(const MoeFfnArgs& a, int64_t t, int6
 #pragma unroll
   for (int r = 1; r < kRows; ++r)
     if (lane == r) sum = acc[r];
-  const int64_t row = row0 + lane;
-  for (int64_t j = 0; j < a.n_used; ++j) {
-    const int e = expert_of(a, t, j);
-    if (e < 0) sum = moe_nan();
-    sum += a.weights[t * a.weights_stride + j] * bias_at(a.down, e, row);
-  }
-  a.out[t * a.out_stride + row] = sum;
-  if (a.residual) a.residual[t * a.residual_stride + row] = old + sum;
+  store_down_row(a, t, row0 + lane, sum, old);
 }
 
 // Grid (ceil(n_embd / (kMoeWarps * kRows)), tokens). kFlat: the slots' rows walked as one

@@ -200,17 +200,10 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize, 2) moe_tiled_down_kern
   if (q == 0) partial[warp][s] = acc;
   __syncthreads();
   if (threadIdx.x >= kExpertTileRows) return;
-  const int64_t row = tile_row + threadIdx.x;
   float sum = partial[0][threadIdx.x];
 #pragma unroll
   for (int w = 1; w < kDownWarps; ++w) sum += partial[w][threadIdx.x];
-  for (int64_t j = 0; j < a.n_used; ++j) {
-    const int e = expert_of(a, t, j);
-    if (e < 0) sum = moe_nan();
-    sum += a.weights[t * a.weights_stride + j] * bias_at(a.down, e, row);
-  }
-  a.out[t * a.out_stride + row] = sum;
-  if (a.residual) a.residual[t * a.residual_stride + row] = old + sum;
+  store_down_row(a, t, tile_row + threadIdx.x, sum, old);
 }
 
 template <typename F>
