@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/moe.h"
 #include "cuda_test_support.h"
 #include "moe_glu_reference.h"
 #include "quant/quant.h"
@@ -138,6 +139,38 @@ inline Problem make_problem(std::mt19937_64& rng, const MoeCase& c, int64_t T) {
   }
   return p;
 }
+
+// A problem's tensors on the device (experts as the problem holds them, GGUF blocks) and the
+// arguments of moe_ffn_matvec / moe_ffn_gemm for them; the output, residual, scratch and ticket
+// buffers for a test to fill (the tickets zeroed).
+struct ProblemOnDevice {
+  DeviceBuffer gate, up, down, gate_b, up_b, down_b, x, w, ids, out, residual, scratch, tickets;
+  MoeFfnArgs a;
+
+  explicit ProblemOnDevice(const Problem& p)
+      : gate(to_device(p.gate)), up(to_device(p.up)), down(to_device(p.down)), gate_b(to_device(p.gate_b)),
+        up_b(to_device(p.up_b)), down_b(to_device(p.down_b)), x(to_device(p.x)), w(to_device(p.w)),
+        ids(to_device(p.ids)), out(size_t(p.T * p.c.n_embd) * sizeof(float)) {
+    const MoeCase& c = p.c;
+    auto matrix = [&](ExpertMatrix& m, GgmlType type, const DeviceBuffer& data, int64_t rows, int64_t cols,
+                      const DeviceBuffer& bias) {
+      m.type = type, m.data = data.as();
+      m.row_bytes = cols / traits(type).block_size * traits(type).type_size, m.expert_bytes = m.row_bytes * rows;
+      m.bias = c.gpt_oss ? bias.as<float>() : nullptr, m.bias_stride = rows;
+    };
+    matrix(a.gate, c.gate_up, gate, c.n_ff, c.n_embd, gate_b);
+    matrix(a.up, c.gate_up, up, c.n_ff, c.n_embd, up_b);
+    matrix(a.down, c.down, down, c.n_embd, c.n_ff, down_b);
+    a.n_embd = c.n_embd, a.n_ff = c.n_ff, a.n_expert = c.n_expert, a.n_used = c.n_used, a.n_tokens = p.T;
+    a.x = x.as<float>(), a.x_stride = c.n_embd;
+    a.ids = ids.as<int32_t>(), a.ids_stride = c.n_used;
+    a.weights = w.as<float>(), a.weights_stride = c.n_used;
+    a.out = out.as<float>(), a.out_stride = c.n_embd;
+    a.act = c.gpt_oss ? GluKind::SwigluOai : GluKind::Silu;
+    tickets = DeviceBuffer(size_t(moe_h_ticket_count(a)) * sizeof(unsigned));
+    EXPECT_EQ(cudaMemset(tickets.as(), 0, tickets.bytes()), cudaSuccess);
+  }
+};
 
 // A fast path's output against the problem's reference: its bound (moe_test.cpp's top: int8 /
 // bf16 rounding carried to the output) + 1e-4 S + 1e-5.

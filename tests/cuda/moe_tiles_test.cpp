@@ -96,16 +96,11 @@ TEST(ExpertTiles, PermutationPutsEveryWordWhereTheLayoutSays) {
 
 // A problem's tensors on the device, experts in the block layout and in the row-tile layout,
 // and the arguments of moe_ffn_matvec / moe_ffn_gemm for either.
-struct TiledProblem {
-  DeviceBuffer gate, up, down, tiled_gate, tiled_up, tiled_down, gate_b, up_b, down_b, x, w, ids, out, residual,
-      scratch, tickets;
-  MoeFfnArgs a;
+struct TiledProblem : ProblemOnDevice {
+  DeviceBuffer tiled_gate, tiled_up, tiled_down;
 
   explicit TiledProblem(const Problem& p)
-      : gate(to_device(p.gate)), up(to_device(p.up)), down(to_device(p.down)), tiled_gate(to_device(p.gate)),
-        tiled_up(to_device(p.up)), tiled_down(to_device(p.down)), gate_b(to_device(p.gate_b)),
-        up_b(to_device(p.up_b)), down_b(to_device(p.down_b)), x(to_device(p.x)), w(to_device(p.w)),
-        ids(to_device(p.ids)), out(size_t(p.T * p.c.n_embd) * sizeof(float)) {
+      : ProblemOnDevice(p), tiled_gate(to_device(p.gate)), tiled_up(to_device(p.up)), tiled_down(to_device(p.down)) {
     const MoeCase& c = p.c;
     auto tile = [&](const DeviceBuffer& b, GgmlType type, int64_t rows, int64_t cols) {
       const Status s = tile_experts_in_place(type, b.as(), c.n_expert, rows, cols, nullptr);
@@ -114,22 +109,6 @@ struct TiledProblem {
     tile(tiled_gate, c.gate_up, c.n_ff, c.n_embd);
     tile(tiled_up, c.gate_up, c.n_ff, c.n_embd);
     tile(tiled_down, c.down, c.n_embd, c.n_ff);
-    auto matrix = [&](ExpertMatrix& m, GgmlType type, int64_t rows, int64_t cols, const DeviceBuffer& bias) {
-      m.type = type;
-      m.row_bytes = cols / traits(type).block_size * traits(type).type_size, m.expert_bytes = m.row_bytes * rows;
-      m.bias = c.gpt_oss ? bias.as<float>() : nullptr, m.bias_stride = rows;
-    };
-    matrix(a.gate, c.gate_up, c.n_ff, c.n_embd, gate_b);
-    matrix(a.up, c.gate_up, c.n_ff, c.n_embd, up_b);
-    matrix(a.down, c.down, c.n_embd, c.n_ff, down_b);
-    a.n_embd = c.n_embd, a.n_ff = c.n_ff, a.n_expert = c.n_expert, a.n_used = c.n_used, a.n_tokens = p.T;
-    a.x = x.as<float>(), a.x_stride = c.n_embd;
-    a.ids = ids.as<int32_t>(), a.ids_stride = c.n_used;
-    a.weights = w.as<float>(), a.weights_stride = c.n_used;
-    a.out = out.as<float>(), a.out_stride = c.n_embd;
-    a.act = c.gpt_oss ? GluKind::SwigluOai : GluKind::Silu;
-    tickets = DeviceBuffer(size_t(moe_h_ticket_count(a)) * sizeof(unsigned));
-    EXPECT_EQ(cudaMemset(tickets.as(), 0, tickets.bytes()), cudaSuccess);
   }
 
   // Which matrices the call reads in the row-tile layout.
