@@ -241,9 +241,9 @@ Tensor CudaBackend::weight(const gguf::TensorInfo& info) {
 }
 
 bool CudaBackend::can_tile_experts(const Tensor& weight) const {
+  // ffn_gate_exps / ffn_up_exps / ffn_down_exps: [n_expert][rows][cols], each expert whole tiles.
   return options_.expert_tiles && !options_.exact && weight.name.find("_exps") != std::string::npos &&
-         weight.ne[2] >= 1 && weight.ne[3] == 1 && weight.is_contiguous() &&
-         cuda::expert_tiles_fit(weight.dtype, weight.ne[1], weight.ne[0]);
+         weight.ne[3] == 1 && weight.is_contiguous() && cuda::expert_tiles_fit(weight.dtype, weight.ne[1], weight.ne[0]);
 }
 
 void CudaBackend::tile_experts(const Tensor& weight) {
