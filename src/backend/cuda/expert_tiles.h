@@ -37,23 +37,34 @@ constexpr int kExpertTileGroupWeights = 256;
 constexpr int expert_tile_group_bytes(GgmlType type) { return type == GgmlType::Q6_K ? 210 : 144; }
 constexpr int expert_tile_group_words(GgmlType type) { return type == GgmlType::Q6_K ? 13 : 9; }
 
+// The layout's terms, each a byte offset: the tile holding row `row` from the matrix's start
+// (rows of `groups` groups of `group_bytes`); group `group`'s region from its tile's start; word
+// k of the row in tile slot `slot` from its group's region; a q6_K row's d from its group's
+// region. Kernels that keep a row's tile and slot add them up themselves (fewer 64-bit sums).
+__host__ __device__ constexpr int64_t expert_tile_start(int64_t row, int64_t groups, int group_bytes) {
+  return row / kExpertTileRows * kExpertTileRows * groups * group_bytes;
+}
+__host__ __device__ constexpr int64_t expert_tile_group_start(int64_t group, int group_bytes) {
+  return group * kExpertTileRows * group_bytes;
+}
+__host__ __device__ constexpr int expert_tile_word_in_group(int k, int slot) { return (k * kExpertTileRows + slot) * 16; }
+__host__ __device__ constexpr int expert_tile_q6_k_d_in_group(int slot) {
+  return expert_tile_word_in_group(expert_tile_group_words(GgmlType::Q6_K), 0) + 2 * slot;
+}
+
 // Byte offset of word k of group `group` of row `row` (of the stacked matrix) from the
 // matrix's start, for rows of `groups` groups of `group_bytes`.
 __host__ __device__ constexpr int64_t expert_tile_word_byte(int64_t row, int64_t group, int k, int64_t groups,
                                                             int group_bytes) {
-  const int64_t tile = row / kExpertTileRows;
-  const int slot = int(row % kExpertTileRows);
-  return tile * kExpertTileRows * groups * group_bytes + group * kExpertTileRows * group_bytes +
-         int64_t(k * kExpertTileRows + slot) * 16;
+  return expert_tile_start(row, groups, group_bytes) + expert_tile_group_start(group, group_bytes) +
+         expert_tile_word_in_group(k, int(row % kExpertTileRows));
 }
 
 // Byte offset of a q6_K group's d (2 bytes) in the layout.
 __host__ __device__ constexpr int64_t expert_tile_q6_k_d_byte(int64_t row, int64_t group, int64_t groups) {
-  const int64_t tile = row / kExpertTileRows;
-  const int slot = int(row % kExpertTileRows);
-  constexpr int kBytes = expert_tile_group_bytes(GgmlType::Q6_K), kWords = expert_tile_group_words(GgmlType::Q6_K);
-  return tile * kExpertTileRows * groups * kBytes + group * kExpertTileRows * kBytes + kWords * kExpertTileRows * 16 +
-         2 * slot;
+  constexpr int kBytes = expert_tile_group_bytes(GgmlType::Q6_K);
+  return expert_tile_start(row, groups, kBytes) + expert_tile_group_start(group, kBytes) +
+         expert_tile_q6_k_d_in_group(int(row % kExpertTileRows));
 }
 
 // Whether stacked experts of `rows` rows of `cols` weights each can take the layout: q4_K or

@@ -261,9 +261,9 @@ __device__ __forceinline__ void copy_tiled_chunk(uint8_t* stage, const uint8_t* 
   for (int i = threadIdx.x; i < kV8Rows * kPieces; i += kV8Threads) {
     const int r = i % kV8Rows, k = i / kV8Rows;
     if (!rows[r]) continue;
-    const uint8_t* group = rows[r] + c * kExpertTileRows * W::kBytes;
-    const int word = k < kWords ? k * kExpertTileRows + r % kExpertTileRows : kWords * kExpertTileRows;
-    cp_async_16(stage + r * kPitch + 16 * k, group + 16 * word);
+    const uint8_t* group = rows[r] + expert_tile_group_start(c, W::kBytes);
+    const int at = k < kWords ? expert_tile_word_in_group(k, r % kExpertTileRows) : expert_tile_q6_k_d_in_group(0);
+    cp_async_16(stage + r * kPitch + 16 * k, group + at);
   }
 }
 
@@ -320,7 +320,7 @@ __device__ __forceinline__ float* gemm_tile_v8(uint8_t* smem, const uint8_t* con
       const int head0 = row0 && !tiled ? int(reinterpret_cast<uintptr_t>(row0 + c * W::kBytes) & 15) : 0;
       const int head1 = row1 && !tiled ? int(reinterpret_cast<uintptr_t>(row1 + c * W::kBytes) & 15) : 0;
       // Rows r0 and r0 + 8 share their slot in their tiles.
-      const int tiled_d = 208 + 2 * (r0 % kExpertTileRows);
+      const int tiled_d = 208 + expert_tile_q6_k_d_in_group(r0 % kExpertTileRows) - expert_tile_q6_k_d_in_group(0);
       const int d_at[2] = {tiled ? tiled_d : head0 + 208, tiled ? tiled_d : head1 + 208};
       v8_chunk(W{}, acc, stage, b, r0, head0, head1, d_at, n_tiles, lane);
     }

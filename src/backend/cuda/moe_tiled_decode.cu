@@ -69,21 +69,20 @@ __device__ __forceinline__ const float4* staged_ds(const uint8_t* smem, int n_it
 }
 
 // Word k of group `group` of the row in slot `tile_slot` of the tile at `tile` (its first byte)
-// at first + 8 k (16-byte words); a q6_K group's d at d (expert_tile_word_byte's terms).
+// at first + k * step (16-byte words); a q6_K group's d at d.
 template <typename Fmt>
 __device__ __forceinline__ WordAddress tiled_group(const uint8_t* tile, int group, int tile_slot) {
-  const uint8_t* region = tile + int64_t(group) * kExpertTileRows * Fmt::kGroupBytes;
-  WordAddress at{reinterpret_cast<const uint4*>(region + 16 * tile_slot), kExpertTileRows};
-  if constexpr (kQ6<Fmt>)
-    at.d = reinterpret_cast<const unsigned short*>(
-        region + 16 * expert_tile_group_words(GgmlType::Q6_K) * kExpertTileRows + 2 * tile_slot);
+  const uint8_t* region = tile + expert_tile_group_start(group, Fmt::kGroupBytes);
+  constexpr int kStep = (expert_tile_word_in_group(1, 0) - expert_tile_word_in_group(0, 0)) / 16;
+  WordAddress at{reinterpret_cast<const uint4*>(region + expert_tile_word_in_group(0, tile_slot)), kStep};
+  if constexpr (kQ6<Fmt>) at.d = reinterpret_cast<const unsigned short*>(region + expert_tile_q6_k_d_in_group(tile_slot));
   return at;
 }
 
 // The first byte of the tile holding row `row` of the stacked matrix.
 template <typename Fmt>
 __device__ __forceinline__ const uint8_t* tile_of(const void* data, int64_t row, int groups) {
-  return static_cast<const uint8_t*>(data) + row / kExpertTileRows * kExpertTileRows * groups * Fmt::kGroupBytes;
+  return static_cast<const uint8_t*>(data) + expert_tile_start(row, groups, Fmt::kGroupBytes);
 }
 
 // The same pointer, which the compiler cannot see to be the same: up's dot then reloads x
