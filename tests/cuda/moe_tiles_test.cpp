@@ -157,8 +157,9 @@ TEST_P(CudaMoeTiles, DecodeMeetsTheReferenceAndTheBlockLayout) {
   struct Shape {
     int64_t embd, ff, k;
   };
+  // The last: Qwen3-30B-A3B's shape (2048, 768, 8 of 128 experts; 16 here).
   for (const Shape s : {Shape{256, 768, 1}, Shape{768, 512, 2}, Shape{2048, 256, 8}, Shape{512, 512, 8},
-                        Shape{2304, 768, 10}})
+                        Shape{2304, 768, 10}, Shape{2048, 768, 8}})
     for (const int64_t T : {1, 3}) {
       const MoeCase c{types.gate_up, types.down, s.embd, s.ff, std::max<int64_t>(2 * s.k, 4), s.k, T == 3};
       const Problem p = make_problem(rng, c, T);

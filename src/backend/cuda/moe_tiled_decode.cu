@@ -213,16 +213,17 @@ Status visit_tiled_format(GgmlType type, const char* what, F&& f) {
                          " cannot be in the row-tile layout (q4_K, q6_K)");
 }
 
-// Raises a kernel's dynamic shared memory limit to what it needs where that is over the
-// default 48 KB (the limit stays raised: set at most once per kernel and size seen).
+// Raises a kernel's dynamic shared memory limit to `bytes` the first time a launch needs more
+// than it was last raised to. (Not only past 48 KB: without the raise, the kernel's static
+// shared memory counts against those 48 KB too.) The limit stays raised.
 template <auto kernel>
 Status allow_shared(size_t bytes, const char* name) {
-  static size_t allowed = 48 * 1024;
+  static size_t allowed = 0;
   if (bytes <= allowed) return Status();
   if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
       e != cudaSuccess)
     return Status::invalid(std::string("moe_ffn: ") + name + " needs " + std::to_string(bytes) +
-                           " bytes of shared memory for its activations: " + cudaGetErrorString(e));
+                           " bytes of shared memory: " + cudaGetErrorString(e));
   allowed = bytes;
   return Status();
 }
