@@ -20,7 +20,12 @@ Columns: `chain us`: this kernel's release to the next one's, i.e. this kernel's
 chain after its inputs were ready; `early us`: how long before its release its first block
 arrived (room found beside the kernel before); `waited`: the share of its blocks that arrived
 before the release; `late us`: the last block's arrival after the release (blocks that only
-found room once the kernel before left)."""
+found room once the kernel before left).
+
+Kernels that stamp phases after their wait (trace_stamp in backend/cuda/common.cuh; the tiled MoE
+kernels: 0 the expert id read, 1 the activations staged and the first weights in, 2 thread 0's
+result written) get a second table: per stamp, the median block's and the last block's time
+after the kernel's release, medians over the trace."""
 import argparse
 import csv
 import statistics
@@ -34,6 +39,7 @@ def load(path):
     for r in rows:
         recs.append({
             "arrived": int(r["arrived_ns"]), "released": int(r["released_ns"]),
+            "stamps": [int(r.get(f"stamp{k}_ns", 0) or 0) for k in range(3)],
             "shape": (int(r["blocks"]), int(r["threads"]), int(r["dynamic_smem"])),
         })
     return recs
@@ -121,6 +127,32 @@ def main():
     for shape, rs in sorted(by.items(), key=lambda kv: -sum(r[1] for r in kv[1])):
         med = [statistics.median(r[j] for r in rs) for j in (1, 2, 3, 4)]
         print(f"{describe(shape):>22} {len(rs):5d} {med[0]:9.2f} {med[1]:9.2f} {med[2]:7.0%} {med[3]:8.2f}")
+    print_stamps(ks)
+
+
+def print_stamps(ks):
+    """Per kernel shape with phase stamps: each stamp's median block and last block, us after the
+    kernel's release (medians over the kernels of that shape)."""
+    by = {}
+    for k in ks:
+        blocks = k["blocks"] + k.get("late", [])
+        row = []
+        for j in range(3):
+            after = [(b["stamps"][j] - k["release"]) / 1000 for b in blocks if b["stamps"][j]]
+            row.append((statistics.median(after), max(after)) if after else None)
+        if any(row):
+            by.setdefault(k["shape"], []).append(row)
+    if not by:
+        return
+    print("\nphase stamps, us after the release: median block / last block")
+    print(f"{'kernel shape':>22} {'n':>5} " + " ".join(f"{'stamp ' + str(j):>15}" for j in range(3)))
+    for shape, rows in by.items():
+        cells = []
+        for j in range(3):
+            have = [r[j] for r in rows if r[j]]
+            cells.append(f"{statistics.median(m for m, _ in have):7.2f} /{statistics.median(l for _, l in have):6.2f}"
+                         if have else f"{'-':>15}")
+        print(f"{describe(shape):>22} {len(rows):5d} " + " ".join(f"{c:>15}" for c in cells))
 
 
 if __name__ == "__main__":

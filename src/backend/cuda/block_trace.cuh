@@ -6,8 +6,10 @@
 // and when the wait released it (the kernels before it had completed), with its multiprocessor
 // and its kernel's shape. In a chained decode step the release of kernel n + 1 marks the
 // completion of kernel n, so the releases give each kernel's time in the chain, and the
-// arrivals how early its blocks found room beside the kernel before. block_trace.h enables the
-// buffer and writes it out; scripts/block-trace-summary.py reads it.
+// arrivals how early its blocks found room beside the kernel before. A kernel may add phase
+// stamps after its wait (trace_stamp in common.cuh: e.g. its ids read, its first weights in,
+// its sums done). block_trace.h enables the buffer and writes it out;
+// scripts/block-trace-summary.py reads it.
 #include <cstdint>
 
 #include "backend/cuda/block_trace.h"
@@ -27,9 +29,16 @@ __device__ __forceinline__ uint64_t now() {
   return t;
 }
 
+// The ring slot of the calling block's record (set by thread 0 at its wait).
+__device__ __forceinline__ unsigned long long& record_slot() {
+  __shared__ unsigned long long slot;
+  return slot;
+}
+
 __device__ __forceinline__ void record(uint64_t arrived, uint64_t released) {
   if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || !g_sink.records) return;
   const unsigned long long i = atomicAdd(g_sink.count, 1ull) % g_sink.capacity;  // a ring: the last ones stay
+  record_slot() = i;
   uint32_t sm, smem;
   asm("mov.u32 %0, %%smid;" : "=r"(sm));
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
@@ -40,6 +49,12 @@ __device__ __forceinline__ void record(uint64_t arrived, uint64_t released) {
   r.threads = blockDim.x * blockDim.y * blockDim.z;
   r.dynamic_smem = smem;
   g_sink.records[i] = r;
+}
+
+// Phase stamp k of the calling block (thread 0, after its wait): when thread 0 got there.
+__device__ __forceinline__ void stamp(int k) {
+  if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || !g_sink.records) return;
+  g_sink.records[record_slot() % g_sink.capacity].stamps[k] = now();
 }
 
 }  // namespace kiln::cuda::block_trace

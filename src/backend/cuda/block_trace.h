@@ -8,9 +8,13 @@
 
 namespace kiln::cuda::block_trace {
 
+// Phase stamps a kernel may add after its wait (block_trace::stamp; 0: not stamped).
+constexpr int kStamps = 3;
+
 // Plain aggregates (no initializers): a __device__ variable of one needs no constructor.
 struct Record {
   uint64_t arrived, released;  // %globaltimer (ns) before and after the block's wait
+  uint64_t stamps[kStamps];    // %globaltimer (ns) at the kernel's phase stamps
   uint32_t sm, block, blocks, threads, dynamic_smem, unused;
 };
 

@@ -140,6 +140,18 @@ __device__ __forceinline__ void allow_next_kernel() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// Phase stamp k (0 .. 2) of the block trace: when thread 0 of the block got here, once
+// `depends_on` (a value it loaded) had arrived. Trace builds only (-DKILN_CUDA_BLOCK_TRACE=ON,
+// block_trace.cuh); elsewhere nothing, not even the wait for depends_on.
+__device__ __forceinline__ void trace_stamp(int k, uint32_t depends_on = 0) {
+#if KILN_CUDA_BLOCK_TRACE
+  asm volatile("" ::"r"(depends_on));
+  block_trace::stamp(k);
+#else
+  (void)k, (void)depends_on;
+#endif
+}
+
 // The usual start of a chained kernel that reads its inputs at once.
 __device__ __forceinline__ void begin_chained_kernel() {
   wait_for_previous_kernels();
