@@ -22,14 +22,18 @@ arrived (room found beside the kernel before); `waited`: the share of its blocks
 before the release; `late us`: the last block's arrival after the release (blocks that only
 found room once the kernel before left).
 
-Kernels that stamp phases after their wait (trace_stamp in backend/cuda/common.cuh; the tiled MoE
-kernels: 0 the expert id read, 1 the activations staged and the first weights in, 2 thread 0's
-result written) get a second table: per stamp, the median block's and the last block's time
-after the kernel's release, medians over the trace."""
+Phase stamps (trace_stamp in backend/cuda/common.cuh), thread 0's times after its wait: 0 once it
+has also let the next kernel start (every kernel that calls begin_chained_kernel, and the grouped
+products); 1 the expert id read (the tiled MoE gate / up); 2 the activations staged and the first
+weights in (tiled MoE, grouped products); 3 its result written. A second table gives, per kernel
+shape and stamp, the median block's and the last block's time after the kernel's release
+(medians over the trace)."""
 import argparse
 import csv
 import statistics
 import sys
+
+STAMPS = 4
 
 
 def load(path):
@@ -39,7 +43,7 @@ def load(path):
     for r in rows:
         recs.append({
             "arrived": int(r["arrived_ns"]), "released": int(r["released_ns"]),
-            "stamps": [int(r.get(f"stamp{k}_ns", 0) or 0) for k in range(3)],
+            "stamps": [int(r.get(f"stamp{k}_ns", 0) or 0) for k in range(STAMPS)],
             "shape": (int(r["blocks"]), int(r["threads"]), int(r["dynamic_smem"])),
         })
     return recs
@@ -137,7 +141,7 @@ def print_stamps(ks):
     for k in ks:
         blocks = k["blocks"] + k.get("late", [])
         row = []
-        for j in range(3):
+        for j in range(STAMPS):
             after = [(b["stamps"][j] - k["release"]) / 1000 for b in blocks if b["stamps"][j]]
             row.append((statistics.median(after), max(after)) if after else None)
         if any(row):
@@ -145,10 +149,10 @@ def print_stamps(ks):
     if not by:
         return
     print("\nphase stamps, us after the release: median block / last block")
-    print(f"{'kernel shape':>22} {'n':>5} " + " ".join(f"{'stamp ' + str(j):>15}" for j in range(3)))
+    print(f"{'kernel shape':>22} {'n':>5} " + " ".join(f"{'stamp ' + str(j):>15}" for j in range(STAMPS)))
     for shape, rows in by.items():
         cells = []
-        for j in range(3):
+        for j in range(STAMPS):
             have = [r[j] for r in rows if r[j]]
             cells.append(f"{statistics.median(m for m, _ in have):7.2f} /{statistics.median(l for _, l in have):6.2f}"
                          if have else f"{'-':>15}")

@@ -55,11 +55,13 @@ int64_t write_csv(const std::string& path) {
   std::sort(records.begin(), records.end(), [](const Record& a, const Record& b) { return a.arrived < b.arrived; });
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return -1;
-  std::fprintf(f, "arrived_ns,released_ns,stamp0_ns,stamp1_ns,stamp2_ns,sm,block,blocks,threads,dynamic_smem\n");
+  std::fprintf(f, "arrived_ns,released_ns,stamp0_ns,stamp1_ns,stamp2_ns,stamp3_ns,sm,block,blocks,threads,dynamic_smem\n");
   auto ns = [](uint64_t t) { return static_cast<unsigned long long>(t); };
+  static_assert(kStamps == 4);
   for (const Record& r : records)
-    std::fprintf(f, "%llu,%llu,%llu,%llu,%llu,%u,%u,%u,%u,%u\n", ns(r.arrived), ns(r.released), ns(r.stamps[0]),
-                 ns(r.stamps[1]), ns(r.stamps[2]), r.sm, r.block, r.blocks, r.threads, r.dynamic_smem);
+    std::fprintf(f, "%llu,%llu,%llu,%llu,%llu,%llu,%u,%u,%u,%u,%u\n", ns(r.arrived), ns(r.released), ns(r.stamps[0]),
+                 ns(r.stamps[1]), ns(r.stamps[2]), ns(r.stamps[3]), r.sm, r.block, r.blocks, r.threads,
+                 r.dynamic_smem);
   std::fclose(f);
   return int64_t(kept);
 }

@@ -6,9 +6,10 @@
 // and when the wait released it (the kernels before it had completed), with its multiprocessor
 // and its kernel's shape. In a chained decode step the release of kernel n + 1 marks the
 // completion of kernel n, so the releases give each kernel's time in the chain, and the
-// arrivals how early its blocks found room beside the kernel before. A kernel may add phase
-// stamps after its wait (trace_stamp in common.cuh: e.g. its ids read, its first weights in,
-// its sums done). block_trace.h enables the buffer and writes it out;
+// arrivals how early its blocks found room beside the kernel before. Phase stamps after the
+// wait (trace_stamp in common.cuh): 0 once the block has also let the next kernel start
+// (every begin_chained_kernel), 1 - 3 where a kernel puts them (e.g. its first inputs in, its
+// result written). block_trace.h enables the buffer and writes it out;
 // scripts/block-trace-summary.py reads it.
 #include <cstdint>
 

@@ -9,7 +9,7 @@
 namespace kiln::cuda::block_trace {
 
 // Phase stamps a kernel may add after its wait (block_trace::stamp; 0: not stamped).
-constexpr int kStamps = 3;
+constexpr int kStamps = 4;
 
 // Plain aggregates (no initializers): a __device__ variable of one needs no constructor.
 struct Record {

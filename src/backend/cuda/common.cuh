@@ -140,7 +140,7 @@ __device__ __forceinline__ void allow_next_kernel() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-// Phase stamp k (0 .. 2) of the block trace: when thread 0 of the block got here, once
+// Phase stamp k (0 .. 3) of the block trace: when thread 0 of the block got here, once
 // `depends_on` (a value it loaded) had arrived. Trace builds only (-DKILN_CUDA_BLOCK_TRACE=ON,
 // block_trace.cuh); elsewhere nothing, not even the wait for depends_on.
 __device__ __forceinline__ void trace_stamp(int k, uint32_t depends_on = 0) {
@@ -156,12 +156,14 @@ __device__ __forceinline__ void trace_stamp(int k, uint32_t depends_on = 0) {
 __device__ __forceinline__ void begin_chained_kernel() {
   wait_for_previous_kernels();
   allow_next_kernel();
+  trace_stamp(0);
 }
 // The same for a kernel that may have let the next one be scheduled at its start already
 // (`next_allowed`: it called allow_next_kernel() before anything else): then only the wait.
 __device__ __forceinline__ void begin_chained_kernel(bool next_allowed) {
   wait_for_previous_kernels();
   if (!next_allowed) allow_next_kernel();
+  trace_stamp(0);
 }
 
 // An f32 value into an f32 or f16 (round to nearest even) element, e.g. of the KV cache.

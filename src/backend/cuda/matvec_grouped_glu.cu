@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   load_norm_weights<kPairF32Steps>(in, p.groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
   allow_next_kernel();
+  trace_stamp(0);  // trace builds (block_trace.cuh)
   // Items 1..kAhead into their slots, one commit group each (as every later copy), on their way
   // while x is prepared. (No lambdas for these: merely defined, they made the one-stage
   // instances spill.)
@@ -156,6 +157,10 @@ __global__ void __launch_bounds__(kGroupedThreads,
   quantize_input_to_shared(in, p.groups * kGroupElems, x_s, ds_s, norm_w);
   if constexpr (!kInterleaved) cp_async_wait<0>();
   __syncthreads();
+  if constexpr (kInterleaved)  // trace builds: x staged, the first weights in
+    trace_stamp(2, g[0]);
+  else
+    trace_stamp(2);
 
   for (int i = 0; i < items; ++i) {
     float acc = 0.0f;
@@ -221,6 +226,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
     }
   }
   cp_async_wait<0>();
+  trace_stamp(3);  // thread 0's items done
 }
 
 // h-blocks each block loops over. Where one block fits a multiprocessor (q8_0: 145 KB of

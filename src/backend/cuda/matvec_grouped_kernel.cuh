@@ -572,6 +572,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
   wait_for_previous_kernels();
   allow_next_kernel();
+  trace_stamp(0);  // trace builds (block_trace.cuh)
   if constexpr (kFromF32) {
     quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
     cp_async_wait<0>();
@@ -584,6 +585,10 @@ __global__ void __launch_bounds__(kGroupedThreads,
     cp_async_wait<0>();
   }
   __syncthreads();
+  if constexpr (kInterleaved)  // trace builds: x staged, the first weights in
+    trace_stamp(2, g[0]);
+  else
+    trace_stamp(2);
 
   float acc = 0.0f;
   // The old values of the task's row in its part's add and accumulate vectors (a residual
@@ -658,6 +663,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
     }
   }
   cp_async_wait<0>();
+  trace_stamp(3);  // thread 0's items done
 }
 
 // The grouped kernels' dynamic shared memory limit (their attribute; wider rows go elsewhere).

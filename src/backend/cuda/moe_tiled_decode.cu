@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
   const int64_t block_row = int64_t(blockIdx.x) * kGateUpBlockRows;
   begin_chained_kernel();  // the ids and x's int8 copy, from the kernels before
   const int e = expert_of(a, t, j);
-  trace_stamp(0, uint32_t(e));  // trace builds: the id read
+  trace_stamp(1, uint32_t(e));  // trace builds: the id read
   const int groups = int(a.n_embd / kExpertTileGroupWeights);
   const int pairs = (groups - li + kGateUpLanes - 1) / kGateUpLanes;  // (gate, up) item pairs of this lane
   const int64_t row = int64_t(e < 0 ? 0 : e) * a.n_ff + block_row + r;  // in the stacked matrix
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
   stage_q8_groups(smem, xq, t, 1, groups);
   cp_async_wait<0>();
   __syncthreads();
-  trace_stamp(1, w[0]);  // x staged, the first weights in
+  trace_stamp(2, w[0]);  // x staged, the first weights in
   float acc_gate = 0.0f, acc_up = 0.0f;
   for (int k = 0; k < pairs; ++k) {
     const int group = li + k * kGateUpLanes;
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
     h[p * a.n_ff + out_row] = v;
     h_block[r] = v;
   }
-  trace_stamp(2);  // thread 0's row of h written
+  trace_stamp(3);  // thread 0's row of h written
   if (!hq.qs) return;
   __syncthreads();
   if (warp == 0)
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize, 2) moe_tiled_down_kern
                                                                  : 0.0f;
   cp_async_wait<0>();
   __syncthreads();
-  trace_stamp(1, g[0]);  // h staged, the first weights in
+  trace_stamp(2, g[0]);  // h staged, the first weights in
   float acc = 0.0f;
   for (int i = first; i < items; i += kStep) {
     const int j = i / groups;
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize, 2) moe_tiled_down_kern
 #pragma unroll
   for (int w = 1; w < kDownWarps; ++w) sum += partial[w][threadIdx.x];
   store_down_row(a, t, tile_row + threadIdx.x, sum, old);
-  trace_stamp(2);  // thread 0's row stored
+  trace_stamp(3);  // thread 0's row stored
 }
 
 template <typename F>
