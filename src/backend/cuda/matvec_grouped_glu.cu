@@ -157,10 +157,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   quantize_input_to_shared(in, p.groups * kGroupElems, x_s, ds_s, norm_w);
   if constexpr (!kInterleaved) cp_async_wait<0>();
   __syncthreads();
-  if constexpr (kInterleaved)  // trace builds: x staged, the first weights in
-    trace_stamp(2, g[0]);
-  else
-    trace_stamp(2);
+  stamp_x_staged<kInterleaved>(g);
 
   for (int i = 0; i < items; ++i) {
     float acc = 0.0f;

@@ -292,6 +292,15 @@ __device__ __forceinline__ WordAddress interleaved_group(const uint8_t* w, int64
     return {reinterpret_cast<const uint4*>(w) + first, step};
   }
 }
+// Trace builds: phase stamp 2 of a grouped kernel (x staged, and in the interleaved layout the
+// lane's first weights in, g holding them).
+template <bool kInterleaved, int N>
+__device__ __forceinline__ void stamp_x_staged(const uint32_t (&g)[N]) {
+  if constexpr (kInterleaved)
+    trace_stamp(2, g[0]);
+  else
+    trace_stamp(2);
+}
 // kShared: `a` is a lane's copy of the words in shared memory (a.step apart; never q6_K, whose d
 // sits apart), not the layout in global memory.
 template <typename Fmt, bool kShared = false>
@@ -585,10 +594,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
     cp_async_wait<0>();
   }
   __syncthreads();
-  if constexpr (kInterleaved)  // trace builds: x staged, the first weights in
-    trace_stamp(2, g[0]);
-  else
-    trace_stamp(2);
+  stamp_x_staged<kInterleaved>(g);
 
   float acc = 0.0f;
   // The old values of the task's row in its part's add and accumulate vectors (a residual
