@@ -17,6 +17,11 @@ int grouped_one_stage_mode() {
   return mode;
 }
 
+int x_multicast_cluster() {
+  static const int cluster = std::clamp(env_int("KILN_CUDA_X_MULTICAST", 2), 0, 8);
+  return cluster;
+}
+
 bool grouped_eight_lanes_enabled() {
   static const bool enabled = env_int("KILN_CUDA_GROUPED_EIGHT_LANES", 1) != 0;
   return enabled;

@@ -23,6 +23,7 @@
 #include <string>
 #include <type_traits>
 
+#include "backend/cuda/cluster_multicast.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_layout.h"
 #include "backend/cuda/launch.cuh"
@@ -483,6 +484,24 @@ __device__ inline void quantize_input_to_shared(const F32Input& in, int cols, ui
   }
 }
 
+// quantize_q8's int8 x (groups of 256 values, then their 8 (d, d * sum) pairs each) into the
+// padded shared layout, by bulk copies multicast to every block of the cluster: block r asks
+// for pieces r, r + C, ... (a group's values or its pairs), every block receives them all.
+// Every thread of the block calls it (after the wait; multicast_prepare before).
+__device__ __forceinline__ void stage_q8_multicast(uint8_t* x_s, uint8_t* ds_s, const int8_t* xqs,
+                                                   const float2* xds, int groups, uint64_t* bar) {
+  constexpr uint32_t kDsBytes = kGroupBlocks * sizeof(float2);
+  if (threadIdx.x == 0) multicast_expect(bar, uint32_t(groups) * (kGroupElems + kDsBytes));
+  const int blocks = int(cluster_blocks());
+  for (int p = int(threadIdx.x) * blocks + int(cluster_rank()); p < 2 * groups; p += kGroupedThreads * blocks) {
+    if (p < groups)
+      multicast_copy(x_s + p * kXGroupBytes, xqs + int64_t(p) * kGroupElems, kGroupElems, bar);
+    else
+      multicast_copy(ds_s + (p - groups) * kDsGroupBytes, xds + int64_t(p - groups) * kGroupBlocks, kDsBytes, bar);
+  }
+  multicast_wait(bar);
+}
+
 // kLanesPerRow: 32 (one row per task), 16 (two rows per task) or 8 (four). kStages: 2, or 1 for launches
 // where every warp has at most one item (launch_grouped picks it, see kOneStageMaxCols: then
 // a warp's whole share of the weights is in flight before the wait, and the smaller stages
@@ -579,12 +598,19 @@ __global__ void __launch_bounds__(kGroupedThreads,
   constexpr int kSteps = kLanesPerRow <= 16 ? kPairF32Steps : kF32Steps;  // <= 16 groups: see dispatch_grouped
   float4 norm_w[kFromF32 ? kSteps : 1];
   if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
+  // Interleaved over int8 x, launched in clusters (launch_grouped): x arrives by multicast.
+  constexpr bool kMulticastX = kInterleaved && !kFromF32;
+  __shared__ uint64_t x_landed;
+  const bool multicast = kMulticastX && cluster_blocks() > 1;
+  if (multicast) multicast_prepare(&x_landed);
   wait_for_previous_kernels();
   allow_next_kernel();
   trace_stamp(0);  // trace builds (block_trace.cuh)
   if constexpr (kFromF32) {
     quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
     cp_async_wait<0>();
+  } else if (multicast) {
+    stage_q8_multicast(x_s, ds_s, xqs, xds, groups, &x_landed);
   } else {
     for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
       cp_async_16(x_s + (p / 16) * kXGroupBytes + (p % 16) * 16, xqs + 16 * p);
@@ -594,6 +620,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
     cp_async_wait<0>();
   }
   __syncthreads();
+  if (multicast) multicast_arrived();
   stamp_x_staged<kInterleaved>(g);
 
   float acc = 0.0f;
@@ -670,6 +697,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   }
   cp_async_wait<0>();
   trace_stamp(3);  // thread 0's items done
+  if (multicast) multicast_finish();
 }
 
 // The grouped kernels' dynamic shared memory limit (their attribute; wider rows go elsewhere).
@@ -697,6 +725,14 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
   blocks_per_sm = max(1, blocks), sms = max(1, multiprocessor_count());
   return Status();
 }
+
+// Blocks a cluster of the interleaved launches over int8 x, whose x then arrives by multicast
+// copies (stage_q8_multicast): KILN_CUDA_X_MULTICAST=C (read once; 0 or 1: no clusters; at most
+// 8), default 2. Measured on the H200 (docs/perf-notes.md, round 28): Llama-3-8B Q4_0 1.6220 ->
+// 1.5918 ms a step with 2 (its o and down); 4 was slower (1.8555: clusters of four are placed
+// late beside the kernel before); Q4_K_M unchanged. Not for the two-stage launches: there
+// (Qwen3-30B-A3B's o, one 200 KB block a multiprocessor) clusters of 2 cost 30 us a step.
+int x_multicast_cluster();
 
 // Where one-stage launches are taken: KILN_CUDA_GROUPED_ONE_STAGE=0 never, 2 for every
 // launch that fits, else (1, the default) only for x of at most kOneStageMaxCols values.
@@ -752,6 +788,12 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
       if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
       const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
+      if (const int cluster = x_multicast_cluster(); !kFromF32 && cluster > 1 && grid >= cluster) {
+        launch_chained_in_clusters(kernel, dim3(grid - grid % cluster), dim3(cluster), kGroupedThreads, smem, stream,
+                                   seg, w_row_bytes, second, int(total_rows), int(cols / kGroupElems), xq.qs, xq.ds,
+                                   in, ep);
+        return launch_status("matvec_grouped_kernel (interleaved, clusters)");
+      }
       launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
                      int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
       return launch_status("matvec_grouped_kernel (interleaved)");
