@@ -94,9 +94,9 @@ struct LayoutCase {
   bool f32_input;  // x in f32 with the norm inside; else quantize_q8's int8 copy
 };
 
-// Interleaved launches over int8 x of two blocks or more run in clusters whose x arrives by
-// multicast copies (KILN_CUDA_X_MULTICAST, default 2), the block layout's launches copy x per
-// block: the int8 cases check the one staging against the other too.
+// Interleaved q4_0 launches over int8 x of two blocks or more run in clusters whose x arrives
+// by multicast copies (KILN_CUDA_X_MULTICAST: by default for q4_0 only), the block layout's
+// launches copy x per block: the q4_0 int8 cases check the one staging against the other too.
 class DecodeLayoutTest : public ::testing::TestWithParam<LayoutCase> {};
 
 TEST_P(DecodeLayoutTest, ProductsGiveTheBlockLayoutsBits) {

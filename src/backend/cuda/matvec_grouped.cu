@@ -17,8 +17,8 @@ int grouped_one_stage_mode() {
   return mode;
 }
 
-int x_multicast_cluster() {
-  static const int cluster = std::clamp(env_int("KILN_CUDA_X_MULTICAST", 2), 0, 8);
+int x_multicast_cluster_setting() {
+  static const int cluster = std::clamp(env_int("KILN_CUDA_X_MULTICAST", -1), -1, 8);
   return cluster;
 }
 

@@ -728,11 +728,18 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 
 // Blocks a cluster of the interleaved launches over int8 x, whose x then arrives by multicast
 // copies (stage_q8_multicast): KILN_CUDA_X_MULTICAST=C (read once; 0 or 1: no clusters; at most
-// 8), default 2. Measured on the H200 (docs/perf-notes.md, round 28): Llama-3-8B Q4_0 1.6220 ->
-// 1.5918 ms a step with 2 (its o and down); 4 was slower (1.8555: clusters of four are placed
-// late beside the kernel before); Q4_K_M unchanged. Not for the two-stage launches: there
-// (Qwen3-30B-A3B's o, one 200 KB block a multiprocessor) clusters of 2 cost 30 us a step.
-int x_multicast_cluster();
+// 8) for every format; unset, 2 for q4_0 and none for the others. Measured on the H200
+// (docs/perf-notes.md, round 28), ms a Llama-3-8B step without -> with clusters of 2 (its o and
+// down): Q4_0 1.6241 -> 1.5919, Q8_0 2.3595 -> 2.3951 (slower), Q4_K_M 1.8464 -> 1.8470. Clusters
+// of 4 were slower (Q4_0 1.8555: placed late beside the kernel before), and so were clusters for
+// the two-stage launches (Qwen3-30B-A3B's o, one 200 KB block a multiprocessor: +30 us a step).
+int x_multicast_cluster_setting();  // -1 where unset
+template <typename Fmt>
+int x_multicast_cluster() {
+  const int set = x_multicast_cluster_setting();
+  if (set >= 0) return set;
+  return std::is_same_v<Fmt, GroupQ4_0> ? 2 : 0;
+}
 
 // Where one-stage launches are taken: KILN_CUDA_GROUPED_ONE_STAGE=0 never, 2 for every
 // launch that fits, else (1, the default) only for x of at most kOneStageMaxCols values.
@@ -788,7 +795,7 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
       if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
       const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
-      if (const int cluster = x_multicast_cluster(); !kFromF32 && cluster > 1 && grid >= cluster) {
+      if (const int cluster = x_multicast_cluster<Fmt>(); !kFromF32 && cluster > 1 && grid >= cluster) {
         launch_chained_in_clusters(kernel, dim3(grid - grid % cluster), dim3(cluster), kGroupedThreads, smem, stream,
                                    seg, w_row_bytes, second, int(total_rows), int(cols / kGroupElems), xq.qs, xq.ds,
                                    in, ep);
