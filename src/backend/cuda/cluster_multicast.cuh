@@ -19,11 +19,9 @@
 // may still be writing into another's shared memory.
 #include <cstdint>
 
-namespace kiln::cuda {
+#include "backend/cuda/common.cuh"
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+namespace kiln::cuda::detail {
 
 // Clusters need sm_90. Compiled for an older architecture, every block is a cluster of one
 // (cluster_blocks() is 1, so callers take no multicast path) and the functions below are empty.
@@ -62,8 +60,9 @@ __device__ __forceinline__ void multicast_prepare(uint64_t* bar) {
 
 // Thread 0: the bytes this block will receive (its barrier's phase completes when they have).
 __device__ __forceinline__ void multicast_expect(uint64_t* bar, uint32_t bytes) {
-  KILN_CLUSTER_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
-               : "memory");
+  KILN_CLUSTER_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)),
+                   "r"(bytes)
+                   : "memory");
 }
 
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) from global `src` to `dst` in the
@@ -102,4 +101,4 @@ __device__ __forceinline__ void multicast_finish() { KILN_CLUSTER_ASM("barrier.c
 
 #undef KILN_CLUSTER_ASM
 
-}  // namespace kiln::cuda
+}  // namespace kiln::cuda::detail

@@ -105,11 +105,16 @@ __device__ __forceinline__ void load_words(const uint8_t* base, int offset, uint
   }
 }
 
+// A shared-memory pointer as the 32-bit address PTX's shared-memory instructions take.
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // 16 bytes global -> shared without passing through registers (sm_80+). Both addresses
 // must be 16-byte aligned.
 __device__ __forceinline__ void cp_async_16(void* shared_dst, const void* global_src) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(shared_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(global_src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_dst)), "l"(global_src)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most `Pending` committed groups of this thread are still in flight.
