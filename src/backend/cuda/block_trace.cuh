@@ -36,9 +36,16 @@ __device__ __forceinline__ unsigned long long& record_slot() {
   return slot;
 }
 
-__device__ __forceinline__ void record(uint64_t arrived, uint64_t released) {
+// Thread 0, before its wait: the block's slot in the ring (the last records stay). Taken there,
+// so that the atomic's round trip overlaps the wait instead of holding up the block after it
+// (and every phase stamp after it).
+__device__ __forceinline__ unsigned long long reserve() {
+  if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || !g_sink.records) return 0;
+  return atomicAdd(g_sink.count, 1ull) % g_sink.capacity;
+}
+// Thread 0, after its wait: the block's record in the slot reserve() gave.
+__device__ __forceinline__ void record(unsigned long long i, uint64_t arrived, uint64_t released) {
   if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || !g_sink.records) return;
-  const unsigned long long i = atomicAdd(g_sink.count, 1ull) % g_sink.capacity;  // a ring: the last ones stay
   record_slot() = i;
   uint32_t sm, smem;
   asm("mov.u32 %0, %%smid;" : "=r"(sm));

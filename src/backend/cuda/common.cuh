@@ -133,10 +133,11 @@ __device__ __forceinline__ void wait_for_previous_kernels() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #if KILN_CUDA_BLOCK_TRACE
   const uint64_t arrived = block_trace::now();
+  const unsigned long long slot = block_trace::reserve();
 #endif
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #if KILN_CUDA_BLOCK_TRACE
-  block_trace::record(arrived, block_trace::now());
+  block_trace::record(slot, arrived, block_trace::now());
 #endif
 #endif
 }
