@@ -27,7 +27,9 @@ has also let the next kernel start (every kernel that calls begin_chained_kernel
 products); 1 the expert id read (the tiled MoE gate / up); 2 the activations staged and the first
 weights in (tiled MoE, grouped products); 3 its result written. A second table gives, per kernel
 shape and stamp, the median block's and the last block's time after the kernel's release
-(medians over the trace)."""
+(medians over the trace). A third gives each block's own view: how long after the kernel's
+release its wait returned (the release reaching the blocks one after another), then each stamp
+after that return, so that a phase's time is told apart from the spread of the release."""
 import argparse
 import csv
 import statistics
@@ -132,6 +134,7 @@ def main():
         med = [statistics.median(r[j] for r in rs) for j in (1, 2, 3, 4)]
         print(f"{describe(shape):>22} {len(rs):5d} {med[0]:9.2f} {med[1]:9.2f} {med[2]:7.0%} {med[3]:8.2f}")
     print_stamps(ks)
+    print_stamps_own(ks)
 
 
 def print_stamps(ks):
@@ -153,6 +156,35 @@ def print_stamps(ks):
     for shape, rows in by.items():
         cells = []
         for j in range(STAMPS):
+            have = [r[j] for r in rows if r[j]]
+            cells.append(f"{statistics.median(m for m, _ in have):7.2f} /{statistics.median(l for _, l in have):6.2f}"
+                         if have else f"{'-':>15}")
+        print(f"{describe(shape):>22} {len(rows):5d} " + " ".join(f"{c:>15}" for c in cells))
+
+
+def print_stamps_own(ks):
+    """Per kernel shape with phase stamps: the median and last block's own release (its wait's
+    return) after the kernel's, then each stamp after the block's own release (blocks that did not
+    wait: after their arrival), median block / last block, medians over the kernels."""
+    by = {}
+    for k in ks:
+        blocks = k["blocks"] + k.get("late", [])
+        if not any(any(b["stamps"]) for b in blocks):
+            continue
+        skew = [(b["released"] - k["release"]) / 1000 for b in k["blocks"]]
+        row = [(statistics.median(skew), max(skew)) if skew else None]
+        for j in range(STAMPS):
+            after = [(b["stamps"][j] - max(b["released"], b["arrived"])) / 1000 for b in blocks if b["stamps"][j]]
+            row.append((statistics.median(after), max(after)) if after else None)
+        by.setdefault(k["shape"], []).append(row)
+    if not by:
+        return
+    print("\nthe blocks' own view, us: own release after the kernel's; stamps after the own release")
+    print(f"{'kernel shape':>22} {'n':>5} {'own release':>15} " +
+          " ".join(f"{'stamp ' + str(j):>15}" for j in range(STAMPS)))
+    for shape, rows in by.items():
+        cells = []
+        for j in range(STAMPS + 1):
             have = [r[j] for r in rows if r[j]]
             cells.append(f"{statistics.median(m for m, _ in have):7.2f} /{statistics.median(l for _, l in have):6.2f}"
                          if have else f"{'-':>15}")
