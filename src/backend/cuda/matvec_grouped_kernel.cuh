@@ -728,7 +728,9 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 
 // Blocks a cluster of the interleaved launches over int8 x, whose x then arrives by multicast
 // copies (stage_q8_multicast): KILN_CUDA_X_MULTICAST=C (read once; 0 or 1: no clusters; at most
-// 8) for every format; unset, 2 for q4_0 and none for the others. Measured on the H200
+// 8) for every format; unset, 2 for q4_0 on sm_90 devices and none elsewhere (ptxas warns that
+// multicast copies may run slower on later architectures, and only the H200 measured them).
+// Measured on the H200
 // (docs/perf-notes.md, round 28), ms a Llama-3-8B step without -> with clusters of 2 (its o and
 // down): Q4_0 1.6241 -> 1.5919, Q8_0 2.3595 -> 2.3951 (slower), Q4_K_M 1.8464 -> 1.8470. Clusters
 // of 4 were slower (Q4_0 1.8555: placed late beside the kernel before), and so were clusters for
@@ -738,7 +740,7 @@ template <typename Fmt>
 int x_multicast_cluster() {
   const int set = x_multicast_cluster_setting();
   if (set >= 0) return set;
-  return std::is_same_v<Fmt, GroupQ4_0> ? 2 : 0;
+  return std::is_same_v<Fmt, GroupQ4_0> && compute_capability_major() == 9 ? 2 : 0;
 }
 
 // Where one-stage launches are taken: KILN_CUDA_GROUPED_ONE_STAGE=0 never, 2 for every

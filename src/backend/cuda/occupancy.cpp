@@ -25,6 +25,17 @@ int multiprocessor_count() {
   return count;
 }
 
+int compute_capability_major() {
+  static const int major = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      return 0;
+    return n;
+  }();
+  return major;
+}
+
 size_t spread_padding(const void* kernel, int threads, int want, int at_least) {
   int device = 0, optin = 0, fit = 0;
   cudaFuncAttributes attributes{};

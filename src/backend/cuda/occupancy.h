@@ -13,6 +13,9 @@ namespace kiln::cuda {
 
 // Multiprocessors of the current device (read once).
 int multiprocessor_count();
+// The current device's compute capability's major number, e.g. 9 for an H100 / H200 (read once;
+// 0 where it cannot be read).
+int compute_capability_major();
 
 // sm_90's shared memory a multiprocessor, of which 1 KB is reserved for every resident block.
 inline constexpr size_t kSharedBytesPerMultiprocessor = 228 * 1024;
