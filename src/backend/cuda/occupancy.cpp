@@ -14,25 +14,23 @@
 
 namespace kiln::cuda {
 
+namespace {
+// An attribute of the current device; 0 where it cannot be read.
+int current_device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&value, attribute, device) != cudaSuccess)
+    return 0;
+  return value;
+}
+}  // namespace
+
 int multiprocessor_count() {
-  static const int count = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-      return 0;
-    return n;
-  }();
+  static const int count = current_device_attribute(cudaDevAttrMultiProcessorCount);
   return count;
 }
 
 int compute_capability_major() {
-  static const int major = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-      return 0;
-    return n;
-  }();
+  static const int major = current_device_attribute(cudaDevAttrComputeCapabilityMajor);
   return major;
 }
 
