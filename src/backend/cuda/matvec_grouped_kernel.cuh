@@ -730,11 +730,11 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
 // copies (stage_q8_multicast): KILN_CUDA_X_MULTICAST=C (read once; 0 or 1: no clusters; at most
 // 8) for every format; unset, 2 for q4_0 on sm_90 devices and none elsewhere (ptxas warns that
 // multicast copies may run slower on later architectures, and only the H200 measured them).
-// Measured on the H200
-// (docs/perf-notes.md, round 28), ms a Llama-3-8B step without -> with clusters of 2 (its o and
-// down): Q4_0 1.6241 -> 1.5919, Q8_0 2.3595 -> 2.3951 (slower), Q4_K_M 1.8464 -> 1.8470. Clusters
-// of 4 were slower (Q4_0 1.8555: placed late beside the kernel before), and so were clusters for
-// the two-stage launches (Qwen3-30B-A3B's o, one 200 KB block a multiprocessor: +30 us a step).
+// Measured on the H200 (docs/perf-notes.md, round 28), ms a Llama-3-8B step without -> with
+// clusters of 2 (its o and down): Q4_0 1.6241 -> 1.5919, Q8_0 2.3595 -> 2.3951 (slower), Q4_K_M
+// 1.8464 -> 1.8470. Clusters of 4 were slower (Q4_0 1.8555: placed late beside the kernel
+// before), and so were clusters for the two-stage launches (Qwen3-30B-A3B's o, one 200 KB block
+// a multiprocessor: +30 us a step).
 int x_multicast_cluster_setting();  // -1 where unset
 template <typename Fmt>
 int x_multicast_cluster() {
