@@ -21,6 +21,7 @@
 //     run. The sums over items meet in registers, across the 4 lanes of a row, then across
 //     the warps in shared memory, in a fixed order (deterministic, no atomics).
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/expert_tiles.h"
 #include "backend/cuda/launch.cuh"
@@ -159,12 +160,20 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
                      const_cast<float2*>(hq.ds) + p * hq.ds_pitch + blockIdx.x);
 }
 
-// Grid (n_embd / 8, tokens), two resident blocks a multiprocessor. Lane (q, s) = (lane / 8,
-// lane % 8) of warp w takes row 8 x + s, items 4 w + q + 32 m (item i: slot i / groups, group
-// i % groups). Dynamic shared memory: h's int8 copy for the token's slots
+// Resident down blocks a multiprocessor the register bound asks for. q4_K's down compiles at
+// 80 registers without spills at three, which leaves room beside two of its blocks for a block
+// of the next layer's q/k/v product (80 registers), so that block loads its weights before its
+// wait (Qwen3-30B-A3B: -14 us a step against two). q6_K's would spill at three: two.
+template <typename Fmt>
+constexpr int kDownMinBlocks = std::is_same_v<Fmt, GroupQ4_K> ? 3 : 2;
+
+// Grid (n_embd / 8, tokens), kDownMinBlocks<Fmt> resident blocks a multiprocessor. Lane (q, s) =
+// (lane / 8, lane % 8) of warp w takes row 8 x + s, items 4 w + q + 32 m (item i: slot i /
+// groups, group i % groups). Dynamic shared memory: h's int8 copy for the token's slots
 // (staged_q8_bytes(n_used * groups)).
 template <typename Fmt>
-__global__ void __launch_bounds__(kDownWarps * kWarpSize, 2) moe_tiled_down_kernel(MoeFfnArgs a, Q8Rows hq) {
+__global__ void __launch_bounds__(kDownWarps * kWarpSize, kDownMinBlocks<Fmt>)
+    moe_tiled_down_kernel(MoeFfnArgs a, Q8Rows hq) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float partial[kDownWarps][kExpertTileRows];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
