@@ -95,7 +95,7 @@ struct LayoutCase {
 };
 
 // Interleaved q4_0 launches over int8 x of two blocks or more run in clusters whose x arrives
-// by multicast copies (KILN_CUDA_X_MULTICAST: by default for q4_0 only), the block layout's
+// by multicast copies (q4_0 only; KILN_CUDA_X_MULTICAST sets the cluster), the block layout's
 // launches copy x per block: the q4_0 int8 cases check the one staging against the other too.
 class DecodeLayoutTest : public ::testing::TestWithParam<LayoutCase> {};
 

@@ -512,8 +512,12 @@ __device__ __forceinline__ void stage_q8_multicast(uint8_t* x_s, uint8_t* ds_s, 
 // format) has kLanesPerRow groups of the larger format's size in the stage, and its lanes
 // read their groups at multiples of their own format's size from there (16-byte aligned for
 // q4_K whatever the other format). Rows of one part take one branch; a warp diverges only on
-// a task that straddles two parts of different formats.
-template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages>
+// a task that straddles two parts of different formats. kMulticastX: interleaved over int8 x,
+// launched in clusters of two or more, x arriving by multicast (stage_q8_multicast); a
+// template argument, so that the other instances carry none of its code (a runtime switch
+// cost Llama-3-8B Q4_0 10 us a step with the multicast off: docs/perf-notes.md, round 29).
+template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages,
+          bool kMulticastX = false>
 __global__ void __launch_bounds__(kGroupedThreads,
                                   kStages == 1 ? one_stage_min_blocks<Fmt, FmtB, kLanesPerRow, kFromF32>()
                                                : (kStages == 0 ? kInterleavedMinBlocks : 0))
@@ -598,18 +602,17 @@ __global__ void __launch_bounds__(kGroupedThreads,
   constexpr int kSteps = kLanesPerRow <= 16 ? kPairF32Steps : kF32Steps;  // <= 16 groups: see dispatch_grouped
   float4 norm_w[kFromF32 ? kSteps : 1];
   if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
-  // Interleaved over int8 x, launched in clusters (launch_grouped): x arrives by multicast.
-  constexpr bool kMulticastX = kInterleaved && !kFromF32;
+  static_assert(!kMulticastX || (kInterleaved && !kFromF32), "multicast: interleaved over int8 x only");
+  constexpr bool multicast = kMulticastX;
   __shared__ uint64_t x_landed;
-  const bool multicast = kMulticastX && cluster_blocks() > 1;
-  if (multicast) multicast_prepare(&x_landed);
+  if constexpr (multicast) multicast_prepare(&x_landed);
   wait_for_previous_kernels();
   allow_next_kernel();
   trace_stamp(0);  // trace builds (block_trace.cuh)
   if constexpr (kFromF32) {
     quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
     cp_async_wait<0>();
-  } else if (multicast) {
+  } else if constexpr (multicast) {
     stage_q8_multicast(x_s, ds_s, xqs, xds, groups, &x_landed);
   } else {
     for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
@@ -620,7 +623,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
     cp_async_wait<0>();
   }
   __syncthreads();
-  if (multicast) multicast_arrived();
+  if constexpr (multicast) multicast_arrived();
   stamp_x_staged<kInterleaved>(g);
 
   float acc = 0.0f;
@@ -697,7 +700,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   }
   cp_async_wait<0>();
   trace_stamp(3);  // thread 0's items done
-  if (multicast) multicast_finish();
+  if constexpr (multicast) multicast_finish();
 }
 
 // The grouped kernels' dynamic shared memory limit (their attribute; wider rows go elsewhere).
@@ -726,21 +729,21 @@ Status grouped_occupancy(size_t smem, int& blocks_per_sm, int& sms) {
   return Status();
 }
 
-// Blocks a cluster of the interleaved launches over int8 x, whose x then arrives by multicast
-// copies (stage_q8_multicast): KILN_CUDA_X_MULTICAST=C (read once; 0 or 1: no clusters; at most
-// 8) for every format; unset, 2 for q4_0 on sm_90 devices and none elsewhere (ptxas warns that
+// Blocks a cluster of the interleaved q4_0 launches over int8 x, whose x then arrives by
+// multicast copies (stage_q8_multicast): KILN_CUDA_X_MULTICAST=C (read once; 0 or 1: no
+// clusters; at most 8); unset, 2 on sm_90 devices and none elsewhere (ptxas warns that
 // multicast copies may run slower on later architectures, and only the H200 measured them).
 // Measured on the H200 (docs/perf-notes.md, round 28), ms a Llama-3-8B step without -> with
-// clusters of 2 (its o and down): Q4_0 1.6241 -> 1.5919, Q8_0 2.3595 -> 2.3951 (slower), Q4_K_M
-// 1.8464 -> 1.8470. Clusters of 4 were slower (Q4_0 1.8555: placed late beside the kernel
-// before), and so were clusters for the two-stage launches (Qwen3-30B-A3B's o, one 200 KB block
-// a multiprocessor: +30 us a step).
+// clusters of 2 (its o and down): Q4_0 1.6241 -> 1.5919; for the other formats, Q8_0 2.3595 ->
+// 2.3951 (slower) and Q4_K_M 1.8464 -> 1.8470, so only q4_0's instances are built with it.
+// Clusters of 4 were slower (Q4_0 1.8555: placed late beside the kernel before), and so were
+// clusters for the two-stage launches (Qwen3-30B-A3B's o, one 200 KB block a multiprocessor:
+// +30 us a step).
 int x_multicast_cluster_setting();  // -1 where unset
-template <typename Fmt>
-int x_multicast_cluster() {
+inline int q4_0_x_multicast_cluster() {
   const int set = x_multicast_cluster_setting();
   if (set >= 0) return set;
-  return std::is_same_v<Fmt, GroupQ4_0> && compute_capability_major() == 9 ? 2 : 0;
+  return compute_capability_major() == 9 ? 2 : 0;
 }
 
 // Where one-stage launches are taken: KILN_CUDA_GROUPED_ONE_STAGE=0 never, 2 for every
@@ -797,11 +800,19 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
       if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
       const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
-      if (const int cluster = x_multicast_cluster<Fmt>(); !kFromF32 && cluster > 1 && grid >= cluster) {
-        launch_chained_in_clusters(kernel, dim3(grid - grid % cluster), dim3(cluster), kGroupedThreads, smem, stream,
-                                   seg, w_row_bytes, second, int(total_rows), int(cols / kGroupElems), xq.qs, xq.ds,
-                                   in, ep);
-        return launch_status("matvec_grouped_kernel (interleaved, clusters)");
+      if constexpr (std::is_same_v<Fmt, GroupQ4_0> && std::is_same_v<FmtB, Fmt> && !kFromF32) {
+        if (const int cluster = q4_0_x_multicast_cluster(); cluster > 1) {
+          constexpr auto clustered = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0, true>;
+          int clustered_per_sm = 0;
+          if (Status s = grouped_occupancy<clustered>(smem, clustered_per_sm, sms); !s.ok()) return s;
+          const int clustered_grid = int(min64(blocks_needed, int64_t(clustered_per_sm) * sms));
+          if (clustered_grid >= cluster) {
+            launch_chained_in_clusters(clustered, dim3(clustered_grid - clustered_grid % cluster), dim3(cluster),
+                                       kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
+                                       int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
+            return launch_status("matvec_grouped_kernel (interleaved, clusters)");
+          }
+        }
       }
       launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
                      int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
