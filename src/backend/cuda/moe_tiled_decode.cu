@@ -173,7 +173,7 @@ constexpr int kDownMaxRegisters = std::is_same_v<Fmt, GroupQ4_K> ? 80 : 88;
 // groups, group i % groups). Dynamic shared memory: h's int8 copy for the token's slots
 // (staged_q8_bytes(n_used * groups)).
 template <typename Fmt>
-__global__ void __launch_bounds__(kDownWarps * kWarpSize) __maxnreg__(kDownMaxRegisters<Fmt>)
+__global__ void __maxnreg__(kDownMaxRegisters<Fmt>)  // (nvcc refuses it with __launch_bounds__)
     moe_tiled_down_kernel(MoeFfnArgs a, Q8Rows hq) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float partial[kDownWarps][kExpertTileRows];
