@@ -22,11 +22,6 @@ int x_multicast_cluster_setting() {
   return cluster;
 }
 
-bool beside_down_registers_enabled() {
-  static const bool enabled = !env_is("KILN_CUDA_BESIDE_DOWN", "0");
-  return enabled;
-}
-
 bool grouped_eight_lanes_enabled() {
   static const bool enabled = env_int("KILN_CUDA_GROUPED_EIGHT_LANES", 1) != 0;
   return enabled;

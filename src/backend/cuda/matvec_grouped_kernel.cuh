@@ -516,10 +516,14 @@ __device__ __forceinline__ void stage_q8_multicast(uint8_t* x_s, uint8_t* ds_s, 
 // launched in clusters of two or more, x arriving by multicast (stage_q8_multicast); a
 // template argument, so that the other instances carry none of its code (a runtime switch
 // cost Llama-3-8B Q4_0 10 us a step with the multicast off: docs/perf-notes.md, round 29).
-template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages, bool kMulticastX>
-__device__ __forceinline__ void grouped_product(GroupedSegments seg, int64_t w_row_bytes, SecondFormat second,
-                                                int rows, int groups, const int8_t* __restrict__ xqs,
-                                                const float2* __restrict__ xds, F32Input in, PairEpilogue ep) {
+template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages,
+          bool kMulticastX = false>
+__global__ void __launch_bounds__(kGroupedThreads,
+                                  kStages == 1 ? one_stage_min_blocks<Fmt, FmtB, kLanesPerRow, kFromF32>()
+                                               : (kStages == 0 ? kInterleavedMinBlocks : 0))
+    matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, SecondFormat second, int rows, int groups,
+                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
+                          PairEpilogue ep) {
   constexpr bool kTwoFormats = !std::is_same_v<Fmt, FmtB>;
   constexpr int kG = stage_group_bytes<Fmt, FmtB>();  // stage bytes per lane
   constexpr int kSlots = kWarpSize / kLanesPerRow;  // rows per task
@@ -699,32 +703,6 @@ __device__ __forceinline__ void grouped_product(GroupedSegments seg, int64_t w_r
   if constexpr (multicast) multicast_finish();
 }
 
-template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages,
-          bool kMulticastX = false>
-__global__ void __launch_bounds__(kGroupedThreads,
-                                  kStages == 1 ? one_stage_min_blocks<Fmt, FmtB, kLanesPerRow, kFromF32>()
-                                               : (kStages == 0 ? kInterleavedMinBlocks : 0))
-    matvec_grouped_kernel(GroupedSegments seg, int64_t w_row_bytes, SecondFormat second, int rows, int groups,
-                          const int8_t* __restrict__ xqs, const float2* __restrict__ xds, F32Input in,
-                          PairEpilogue ep) {
-  grouped_product<Fmt, FmtB, kLanesPerRow, kFromF32, kStages, kMulticastX>(seg, w_row_bytes, second, rows, groups,
-                                                                          xqs, xds, in, ep);
-}
-
-// The one-stage kernel over f32 x for rows of 8 groups (8 lanes a row) of two formats (a
-// Qwen3-30B-A3B Q4_K_M layer's q/k with its q6_K v) at 96 registers: it spills at 80
-// (one_stage_min_blocks) and took 125 at two blocks' bound, so that no block of it fitted beside
-// the two blocks of 80 registers of the MoE down before it (moe_tiled_decode.cu); at 96 one
-// does, and loads its weights before its wait. No spills (ptxas).
-constexpr int kBesideDownRegisters = 96;
-template <typename Fmt, typename FmtB>
-__global__ void __maxnreg__(kBesideDownRegisters)  // (not with __launch_bounds__: nvcc refuses both)
-    matvec_grouped_beside_down_kernel(GroupedSegments seg, int64_t w_row_bytes, SecondFormat second, int rows,
-                                      int groups, const int8_t* __restrict__ xqs, const float2* __restrict__ xds,
-                                      F32Input in, PairEpilogue ep) {
-  grouped_product<Fmt, FmtB, 8, true, 1, false>(seg, w_row_bytes, second, rows, groups, xqs, xds, in, ep);
-}
-
 // The grouped kernels' dynamic shared memory limit (their attribute; wider rows go elsewhere).
 inline constexpr size_t kGroupedMaxSmem = 200 * 1024;
 
@@ -775,9 +753,6 @@ inline int q4_0_x_multicast_cluster() {
 // q/k/v alone (rope epilogue, 3,072 tasks) lost too (Q4_0 1.686 -> 1.719 ms per step).
 constexpr int64_t kOneStageMaxCols = 2048;
 int grouped_one_stage_mode();
-// KILN_CUDA_BESIDE_DOWN=0 (read once): the two-format one-stage launches at 8 lanes a row take
-// matvec_grouped_kernel (125 registers) instead of matvec_grouped_beside_down_kernel (96).
-bool beside_down_registers_enabled();
 
 // Whether every part's weights lie in one matrix in the interleaved layout (decode_layout.h)
 // and start at a whole tile of it (`slots` rows), and every part but the last has whole
@@ -852,18 +827,6 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
     const int mode = grouped_one_stage_mode();
     const bool wanted = mode == 2 || (mode == 1 && cols <= kOneStageMaxCols);
     if (cols / kGroupElems <= kLanesPerRow && wanted) {
-      if constexpr (kLanesPerRow == 8 && kFromF32 && !std::is_same_v<Fmt, FmtB>) {
-        if (beside_down_registers_enabled()) {
-          constexpr auto beside = matvec_grouped_beside_down_kernel<Fmt, FmtB>;
-          const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 1);
-          if (Status s = grouped_occupancy<beside>(smem, blocks_per_sm, sms); !s.ok()) return s;
-          if (blocks_needed <= int64_t(blocks_per_sm) * sms) {
-            launch_chained(beside, int(blocks_needed), kGroupedThreads, smem, stream, seg, w_row_bytes, second,
-                           int(total_rows), int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
-            return launch_status("matvec_grouped_beside_down_kernel");
-          }
-        }
-      }
       constexpr auto one_stage = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 1>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 1);
       if (Status s = grouped_occupancy<one_stage>(smem, blocks_per_sm, sms); !s.ok()) return s;

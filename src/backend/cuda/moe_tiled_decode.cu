@@ -160,20 +160,19 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
                      const_cast<float2*>(hq.ds) + p * hq.ds_pitch + blockIdx.x);
 }
 
-// The down kernel's registers a thread. Few enough that a block of the next layer's q/k/v
-// product (one stage, 80 registers or fewer over q4_K) fits beside two of its blocks in a
-// multiprocessor's 65,536, so that block loads its weights before its wait: 80 for q4_K
-// (Qwen3-30B-A3B: -14 us a step against 128), 88 for q6_K (two blocks at 88 and one at 80 fill
-// the file exactly). Neither spills (ptxas; q6_K spills 44 bytes at 80).
+// Resident down blocks a multiprocessor the register bound asks for. q4_K's down compiles at
+// 80 registers without spills at three, which leaves room beside two of its blocks for a block
+// of the next layer's q/k/v product (80 registers), so that block loads its weights before its
+// wait (Qwen3-30B-A3B: -14 us a step against two). q6_K's would spill at three: two.
 template <typename Fmt>
-constexpr int kDownMaxRegisters = std::is_same_v<Fmt, GroupQ4_K> ? 80 : 88;
+constexpr int kDownMinBlocks = std::is_same_v<Fmt, GroupQ4_K> ? 3 : 2;
 
-// Grid (n_embd / 8, tokens), two or three resident blocks a multiprocessor. Lane (q, s) =
+// Grid (n_embd / 8, tokens), kDownMinBlocks<Fmt> resident blocks a multiprocessor. Lane (q, s) =
 // (lane / 8, lane % 8) of warp w takes row 8 x + s, items 4 w + q + 32 m (item i: slot i /
 // groups, group i % groups). Dynamic shared memory: h's int8 copy for the token's slots
 // (staged_q8_bytes(n_used * groups)).
 template <typename Fmt>
-__global__ void __maxnreg__(kDownMaxRegisters<Fmt>)  // (nvcc refuses it with __launch_bounds__)
+__global__ void __launch_bounds__(kDownWarps * kWarpSize, kDownMinBlocks<Fmt>)
     moe_tiled_down_kernel(MoeFfnArgs a, Q8Rows hq) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float partial[kDownWarps][kExpertTileRows];
