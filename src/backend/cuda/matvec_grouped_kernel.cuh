@@ -514,8 +514,9 @@ __device__ __forceinline__ void stage_q8_multicast(uint8_t* x_s, uint8_t* ds_s, 
 // q4_K whatever the other format). Rows of one part take one branch; a warp diverges only on
 // a task that straddles two parts of different formats. kMulticastX: interleaved over int8 x,
 // launched in clusters of two or more, x arriving by multicast (stage_q8_multicast); a
-// template argument, so that the other instances carry none of its code (a runtime switch
-// cost Llama-3-8B Q4_0 10 us a step with the multicast off: docs/perf-notes.md, round 29).
+// template argument, so that the other instances carry none of its code (behind a runtime
+// test, Llama-3-8B Q4_0 ran 10 us a step slower with the multicast off than before it, and
+// Q4_K_M 11 us slower: docs/perf-notes.md, round 29).
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages,
           bool kMulticastX = false>
 __global__ void __launch_bounds__(kGroupedThreads,
@@ -603,16 +604,15 @@ __global__ void __launch_bounds__(kGroupedThreads,
   float4 norm_w[kFromF32 ? kSteps : 1];
   if constexpr (kFromF32) load_norm_weights<kSteps>(in, groups * kGroupElems, norm_w);
   static_assert(!kMulticastX || (kInterleaved && !kFromF32), "multicast: interleaved over int8 x only");
-  constexpr bool multicast = kMulticastX;
   __shared__ uint64_t x_landed;
-  if constexpr (multicast) multicast_prepare(&x_landed);
+  if constexpr (kMulticastX) multicast_prepare(&x_landed);
   wait_for_previous_kernels();
   allow_next_kernel();
   trace_stamp(0);  // trace builds (block_trace.cuh)
   if constexpr (kFromF32) {
     quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
     cp_async_wait<0>();
-  } else if constexpr (multicast) {
+  } else if constexpr (kMulticastX) {
     stage_q8_multicast(x_s, ds_s, xqs, xds, groups, &x_landed);
   } else {
     for (int p = threadIdx.x; p < groups * (kGroupElems / 16); p += kGroupedThreads)
@@ -623,7 +623,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
     cp_async_wait<0>();
   }
   __syncthreads();
-  if constexpr (multicast) multicast_arrived();
+  if constexpr (kMulticastX) multicast_arrived();
   stamp_x_staged<kInterleaved>(g);
 
   float acc = 0.0f;
@@ -700,7 +700,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   }
   cp_async_wait<0>();
   trace_stamp(3);  // thread 0's items done
-  if constexpr (multicast) multicast_finish();
+  if constexpr (kMulticastX) multicast_finish();
 }
 
 // The grouped kernels' dynamic shared memory limit (their attribute; wider rows go elsewhere).
