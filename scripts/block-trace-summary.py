@@ -137,29 +137,40 @@ def main():
     print_stamps_own(ks)
 
 
+def median_and_last(values):
+    """(median, largest) of a list of block times, None for an empty one."""
+    return (statistics.median(values), max(values)) if values else None
+
+
+def print_pairs_table(title, columns, by):
+    """Rows of (median block, last block) cells per kernel shape, each cell the medians over the
+    kernels of that shape that have it."""
+    print(f"\n{title}")
+    print(f"{'kernel shape':>22} {'n':>5} " + " ".join(f"{c:>15}" for c in columns))
+    for shape, rows in by.items():
+        cells = []
+        for j in range(len(columns)):
+            have = [r[j] for r in rows if r[j]]
+            cells.append(f"{statistics.median(m for m, _ in have):7.2f} /{statistics.median(l for _, l in have):6.2f}"
+                         if have else f"{'-':>15}")
+        print(f"{describe(shape):>22} {len(rows):5d} " + " ".join(f"{c:>15}" for c in cells))
+
+
+STAMP_COLUMNS = [f"stamp {j}" for j in range(STAMPS)]
+
+
 def print_stamps(ks):
     """Per kernel shape with phase stamps: each stamp's median block and last block, us after the
     kernel's release (medians over the kernels of that shape)."""
     by = {}
     for k in ks:
         blocks = k["blocks"] + k.get("late", [])
-        row = []
-        for j in range(STAMPS):
-            after = [(b["stamps"][j] - k["release"]) / 1000 for b in blocks if b["stamps"][j]]
-            row.append((statistics.median(after), max(after)) if after else None)
+        row = [median_and_last([(b["stamps"][j] - k["release"]) / 1000 for b in blocks if b["stamps"][j]])
+               for j in range(STAMPS)]
         if any(row):
             by.setdefault(k["shape"], []).append(row)
-    if not by:
-        return
-    print("\nphase stamps, us after the release: median block / last block")
-    print(f"{'kernel shape':>22} {'n':>5} " + " ".join(f"{'stamp ' + str(j):>15}" for j in range(STAMPS)))
-    for shape, rows in by.items():
-        cells = []
-        for j in range(STAMPS):
-            have = [r[j] for r in rows if r[j]]
-            cells.append(f"{statistics.median(m for m, _ in have):7.2f} /{statistics.median(l for _, l in have):6.2f}"
-                         if have else f"{'-':>15}")
-        print(f"{describe(shape):>22} {len(rows):5d} " + " ".join(f"{c:>15}" for c in cells))
+    if by:
+        print_pairs_table("phase stamps, us after the release: median block / last block", STAMP_COLUMNS, by)
 
 
 def print_stamps_own(ks):
@@ -171,25 +182,13 @@ def print_stamps_own(ks):
         blocks = k["blocks"] + k.get("late", [])
         if not any(any(b["stamps"]) for b in blocks):
             continue
-        skew = [(b["released"] - k["release"]) / 1000 for b in k["blocks"]]
-        row = [(statistics.median(skew), max(skew)) if skew else None]
-        for j in range(STAMPS):
-            after = [(b["stamps"][j] - max(b["released"], b["arrived"])) / 1000 for b in blocks if b["stamps"][j]]
-            row.append((statistics.median(after), max(after)) if after else None)
+        row = [median_and_last([(b["released"] - k["release"]) / 1000 for b in k["blocks"]])]
+        row += [median_and_last([(b["stamps"][j] - max(b["released"], b["arrived"])) / 1000
+                                 for b in blocks if b["stamps"][j]]) for j in range(STAMPS)]
         by.setdefault(k["shape"], []).append(row)
-    if not by:
-        return
-    print("\nthe blocks' own view, us: own release after the kernel's; stamps after the own release")
-    print(f"{'kernel shape':>22} {'n':>5} {'own release':>15} " +
-          " ".join(f"{'stamp ' + str(j):>15}" for j in range(STAMPS)))
-    for shape, rows in by.items():
-        cells = []
-        for j in range(STAMPS + 1):
-            have = [r[j] for r in rows if r[j]]
-            cells.append(f"{statistics.median(m for m, _ in have):7.2f} /{statistics.median(l for _, l in have):6.2f}"
-                         if have else f"{'-':>15}")
-        print(f"{describe(shape):>22} {len(rows):5d} " + " ".join(f"{c:>15}" for c in cells))
-
+    if by:
+        print_pairs_table("the blocks' own view, us: own release after the kernel's; stamps after the own release",
+                          ["own release"] + STAMP_COLUMNS, by)
 
 if __name__ == "__main__":
     main()
