@@ -23,8 +23,9 @@
 
 namespace kiln::cuda::detail {
 
-// Clusters need sm_90. Compiled for an older architecture, every block is a cluster of one
-// (cluster_blocks() is 1, so callers take no multicast path) and the functions below are empty.
+// Clusters need sm_90. Compiled for an older architecture, the functions below are empty and
+// cluster_blocks() is 1; the callers run them only in kernels launched in clusters (launch_grouped
+// asks for those on sm_90 devices unless told otherwise).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define KILN_CLUSTER_ASM(...)
 #else
