@@ -80,6 +80,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_MIXED_PARTS", "0")) options_.mixed_parts = false;
   if (cuda::env_is("KILN_CUDA_INTERLEAVED", "0")) options_.interleaved_decode = false;
   if (cuda::env_is("KILN_CUDA_EXPERT_TILES", "0")) options_.expert_tiles = false;
+  if (cuda::env_is("KILN_CUDA_MOE_FOLD_FRONT", "0")) options_.fold_moe_front = false;
   read_layout_roles("KILN_CUDA_INTERLEAVED_Q4K", &options_.interleaved_q4_k);
   read_layout_roles("KILN_CUDA_INTERLEAVED_Q6K", &options_.interleaved_q6_k);
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
@@ -441,8 +442,13 @@ void CudaBackend::defer_add(const Tensor& out, Tensor& residual) {
 
 void CudaBackend::flush_pending() {
   if (pending_argmax_) record_held_argmax(nullptr);
+  // A held front reads the held product's output: it goes after it (the product's record()
+  // would otherwise flush the front first).
+  std::optional<PendingFront> front = std::move(pending_front_);
+  pending_front_.reset();
   flush_pending_products();
   flush_pending_head_norms();
+  if (front) record_front(*front);
   if (!pending_add_) return;
   PendingAdd p = std::move(*pending_add_);
   pending_add_.reset();

@@ -23,6 +23,7 @@
 #include "backend/cuda/graph.h"
 #include "backend/cuda/layout_roles.h"
 #include "backend/cuda/matvec_grouped.h"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/rope_store.h"
 #include "backend/cuda/step_io.h"
@@ -82,6 +83,12 @@ struct CudaOptions {
   // blocks). KILN_CUDA_EXPERT_TILES=0 keeps the block layout. Measured (docs/perf-notes.md,
   // round 26), Qwen3-30B-A3B Q4_K_M: 1.7502 -> 1.6697 ms a decode step; pp512 -6.4%.
   bool expert_tiles = true;
+  // A decode step of one token over experts in that layout folds the MoE front (norm, router,
+  // routing) into its neighbours: the attention output product adds each expert's router sum
+  // (matvec_grouped.h's RouterSums) and the experts' gate / up kernel routes from them
+  // (moe.h's MoeFoldedFront), one launch fewer a layer. KILN_CUDA_MOE_FOLD_FRONT=0 keeps the
+  // front's own launch.
+  bool fold_moe_front = true;
   // Small per-pass uploads and download_async() as kernels inside the pass's graph, through
   // mapped host memory (step_io.h), instead of copies on the stream between two graphs.
   // KILN_CUDA_STEP_IO=0 turns it off (to measure what it saves).
@@ -224,6 +231,9 @@ class CudaBackend final : public Backend {
   // weight type over f32 x (which may take the glu).
   struct PendingProducts;
   struct QuantizedInput;  // below
+  // A product that adds into the residual stream (matmul_add of one token over int8 x: the
+  // attention output) is held too, with options_.fold_moe_front: an MoE front right after it
+  // may fold into it and the experts after (cuda_backend_moe.cpp).
   std::shared_ptr<PendingProducts> pending_products_;
   using ProductsLaunch = std::function<cuda::Status(cudaStream_t, const cuda::PairEpilogue&)>;
   void defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
@@ -257,7 +267,32 @@ class CudaBackend final : public Backend {
   // positions, slot, shapes); else null.
   const PendingHeadNorms* held_head_norms_of(const Tensor& q, const KvLayer& cache, const BatchIndex& batch,
                                              const AttentionParams& params) const;
-  // At most one of the three is pending; this records it.
+  // rmsnorm_moe_route held back the same way behind a held matmul_add of its x (a decode step of
+  // one token): if moe_ffn_add over its output, ids and weights follows, the front folds into
+  // the held product and the experts' kernels (MoeFoldedFront) and is never launched; any other
+  // op records it as it is (after the product).
+  struct PendingFront {
+    cuda::MoeNormRouteArgs args;
+    cuda::SignatureHash sig;
+    Tensor router;
+  };
+  std::optional<PendingFront> pending_front_;
+  void record_front(const PendingFront& front);  // its launch, and its int8 copy remembered
+  // The fold, where moe_ffn's arguments `a` take it: the held product recorded with the router
+  // sums, a.front set. False: nothing done.
+  bool fold_pending_front(cuda::MoeFfnArgs& a);
+  // The held product's residual where it is a matmul_add that can take the router sums (one
+  // token, one part over int8 x), with its width; else null.
+  const float* held_residual_add(int64_t* cols) const;
+  // Per router (by its data): the router transposed ([n_embd][n_expert] f32), made on the
+  // stream at its first use, and its sums (kRouterSumsMaxExperts doubles, zeroed at allocation;
+  // each fold's product sets the sums of the fold recorded before it back to zero:
+  // last_router_sums_).
+  std::vector<std::pair<const void*, std::unique_ptr<Buffer>>> router_transposes_, router_sums_;
+  const float* router_transposed(const Tensor& router);
+  double* router_sums_of(const Tensor& router);
+  double* last_router_sums_ = nullptr;
+  // Whatever is pending is recorded by this.
   void flush_pending();
   // Rope angle tables (cuda::rope_table) of the current pass, one per positions tensor and
   // rope parameters (`key`): recorded by the first decode rope of a pass, read by every

@@ -212,6 +212,7 @@ struct CudaBackend::PendingProducts {
   bool half = false;               // f16 / bf16 weights: the pair kernel, over f32 x `in`
   cuda::F32Input in;               // token 0's
   bool int8_over_f32 = false;      // int8 weights of one type over f32 x: can take the glu
+  const float* accumulate = nullptr;  // a matmul_add's residual (one part over int8 x): can take the router sums
 };
 
 void CudaBackend::defer_products(const cuda::SignatureHash& sig, int64_t tokens, std::span<const MatmulPart> parts,
@@ -226,6 +227,12 @@ void CudaBackend::defer_products(const cuda::SignatureHash& sig, int64_t tokens,
   p->int8_over_f32 = int8_over_f32;
   pending_products_ = std::move(p);
   quantized_input_ = after;
+}
+
+const float* CudaBackend::held_residual_add(int64_t* cols) const {
+  if (!pending_products_ || !pending_products_->accumulate) return nullptr;
+  *cols = pending_products_->cols;
+  return pending_products_->accumulate;
 }
 
 void CudaBackend::flush_pending_products() {
@@ -403,6 +410,12 @@ void CudaBackend::record_grouped(const Tensor& x, std::span<const MatmulPart> pa
   if (!accumulate && parts.size() >= 2 && launches.n == 1 && (!half || options_.half_epilogues != 0))
     return defer_products(h, T, parts, K, std::move(launch), after, "matmul_parts", half ? &f32 : nullptr,
                           !half && from_f32);
+  // A residual add of one token over int8 x: an MoE front after it may fold into it.
+  if (accumulate && T == 1 && launches.n == 1 && !half && !from_f32 && options_.fold_moe_front) {
+    defer_products(h, T, parts, K, std::move(launch), after, "matmul_add");
+    pending_products_->accumulate = accumulate;
+    return;
+  }
   record(h, T, [launch](cudaStream_t s) { return launch(s, cuda::PairEpilogue{}); }, "matmul_parts");
   quantized_input_ = after;
 }

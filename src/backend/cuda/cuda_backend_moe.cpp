@@ -12,6 +12,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/ops_extra.h"
 #include "backend/cuda/router_logits.h"
+#include "backend/cuda/router_transpose.h"
 
 namespace kiln {
 
@@ -103,8 +104,17 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
       sig.t(x).t(norm_weight).v(eps).t(normed).t(router).t(router_bias).t(logits).t(ids).t(weights);
       sig.v(params.n_used).v(params.gating).v(params.normalize).v(params.scale).v(a.route.selection_bias);
       sig.v(a.q8);
-      record(sig.h, T, [=](cudaStream_t s) { return cuda::moe_norm_route(a, s); }, "rmsnorm_moe_route");
-      remember_q8(a.normed, n_embd, T, a.normed_stride, a.q8);
+      const PendingFront front{a, sig.h, router};
+      // Held where the product before (the attention output, one token) adds into x and can
+      // take the router sums: the experts after may fold the front in (record_moe_ffn).
+      int64_t held_cols = 0;
+      const bool foldable = options_.fold_moe_front && T == 1 && a.norm_weight && !a.router_bias &&
+                            !a.route.selection_bias && a.route.n_expert <= cuda::kRouterSumsMaxExperts &&
+                            held_residual_add(&held_cols) == a.x;
+      if (foldable)
+        pending_front_ = front;
+      else
+        record_front(front);
       return;
     }
   }
@@ -119,6 +129,62 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
     return moe_route(logits, params, ids, weights);
   }
   Backend::rmsnorm_moe_route(x, norm_weight, eps, normed, router, router_bias, params, logits, ids, weights);
+}
+
+void CudaBackend::record_front(const PendingFront& held) {
+  const cuda::MoeNormRouteArgs a = held.args;
+  const int64_t T = a.route.n_tokens;
+  record(held.sig, T, [=](cudaStream_t s) { return cuda::moe_norm_route(a, s); }, "rmsnorm_moe_route");
+  remember_q8(a.normed, a.n_embd, T, a.normed_stride, a.q8);
+}
+
+bool CudaBackend::fold_pending_front(cuda::MoeFfnArgs& a) {
+  const PendingFront& held = *pending_front_;
+  const cuda::MoeNormRouteArgs& n = held.args;
+  if (a.x != n.normed || a.ids != n.route.ids || a.weights != n.route.weights) return false;
+  double* sums = router_sums_of(held.router);
+  // One MoE layer a pass: no other fold's product would set its sums back to zero.
+  if (sums == last_router_sums_) return false;
+  cuda::MoeFfnArgs folded = a;
+  cuda::MoeFoldedFront& f = folded.front;
+  f.sums = sums;
+  f.x = n.x, f.norm_weight = n.norm_weight, f.eps = n.eps, f.router_bias = n.router_bias, f.route = n.route;
+  folded.x_q8 = nullptr;
+  if (!cuda::moe_folded_front_fits(folded)) return false;
+  cuda::PairEpilogue ep;
+  ep.kind = cuda::PairEpilogueKind::RouterSums;
+  ep.router.router_t = router_transposed(held.router);
+  ep.router.norm_weight = n.norm_weight, ep.router.sums = sums, ep.router.n_expert = int(n.route.n_expert);
+  ep.router.zero = last_router_sums_;
+  cuda::SignatureHash sig;
+  sig.pod(ep.router.router_t), sig.pod(ep.router.norm_weight), sig.pod(ep.router.sums), sig.pod(ep.router.zero);
+  sig.pod(ep.router.n_expert);
+  pending_front_.reset();
+  fuse_into_pending_products(ep, sig, "matmul_add_router_sums");
+  last_router_sums_ = sums;
+  a = folded;
+  return true;
+}
+
+double* CudaBackend::router_sums_of(const Tensor& router) {
+  for (const auto& [data, buffer] : router_sums_)
+    if (data == router.data) return static_cast<double*>(buffer->data());
+  router_sums_.emplace_back(router.data, allocate(size_t(cuda::kRouterSumsMaxExperts) * sizeof(double)));  // zeroed
+  return static_cast<double*>(router_sums_.back().second->data());
+}
+
+const float* CudaBackend::router_transposed(const Tensor& router) {
+  for (const auto& [data, buffer] : router_transposes_)
+    if (data == router.data) return static_cast<const float*>(buffer->data());
+  const int64_t n_embd = router.ne[0], n_expert = router.ne[1];
+  std::unique_ptr<Buffer> buffer = allocate(size_t(n_embd * n_expert) * sizeof(float));
+  // On the stream now, outside any graph: the decode graphs that read it run after it.
+  if (const cuda::Status s = cuda::transpose_router(router.as<float>(), int64_t(router.nb[1] / 4), n_expert, n_embd,
+                                                    static_cast<float*>(buffer->data()), stream_);
+      !s.ok())
+    fail("cuda backend: the transposed router of {}: {}", router.name, s.message());
+  router_transposes_.emplace_back(router.data, std::move(buffer));
+  return static_cast<const float*>(router_transposes_.back().second->data());
 }
 
 // KILN_CUDA_PREFILL_ROUTER=1: the prefill router product by router_logits (default: cuBLAS).
@@ -223,8 +289,12 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
   // keeps the launch of its own.
   static const bool h_apart = cuda::env_is("KILN_CUDA_MOE_H_IN_GATE_UP", "0");
   if (!grouped && !h_apart) a.h_tickets = moe_h_tickets(cuda::moe_h_ticket_count(a));
+  // The front held behind the attention output product folds into it and these kernels, or
+  // is recorded now (after that product), as it would have been.
+  const bool folded = pending_front_ && !grouped && !exact && fold_pending_front(a);
+  if (pending_front_) flush_pending();
   // x's int8 copy where the op before made one (the front, rmsnorm_moe_route).
-  if (!grouped && !exact && quantized_input_.q8 &&
+  if (!folded && !grouped && !exact && quantized_input_.q8 &&
       quantized_input_ == QuantizedInput{a.x, n_embd, T, a.x_stride, quantized_input_.q8}) {
     a.x_q8 = static_cast<const uint8_t*>(quantized_input_.q8);
     a.x_q8_row_bytes = int64_t(cuda_ops::q8_row_bytes(n_embd));
@@ -237,7 +307,7 @@ bool CudaBackend::record_moe_ffn(const Tensor& x, const ExpertWeights& ex, const
     sig.pod(t->dtype), sig.pod(t->data), sig.bytes(t->ne, sizeof(t->ne)), sig.bytes(t->nb, sizeof(t->nb));
   }
   sig.pod(act.act), sig.pod(act.alpha), sig.pod(act.limit), sig.pod(sp), sig.pod(grouped), sig.pod(a.residual);
-  sig.pod(a.h_tickets), sig.pod(a.x_q8);
+  sig.pod(a.h_tickets), sig.pod(a.x_q8), sig.pod(a.front.sums), sig.pod(a.front.x);
   if (grouped)
     record(sig, T, [=](cudaStream_t s) { return cuda::moe_ffn_gemm(a, sp, need, s); }, "moe_ffn");
   else

@@ -121,10 +121,20 @@ bool glu_epilogue_fits(std::span<const MatvecPart> parts, const GluEpilogue& g) 
   return q8_rows_fit(g.q8, g.q8_row_bytes, parts[0].rows);
 }
 
+// The router sums' needs: one part accumulating into the residual, rows of at most 16 groups
+// (two rows a task: the kernel's instances with the sums are those), the router and norm
+// weights and the sums given, at most kRouterSumsMaxExperts experts.
+bool router_sums_fit(int64_t cols, std::span<const MatvecPart> parts, const RouterSumsEpilogue& r) {
+  return cols % detail::kGroupElems == 0 && cols / detail::kGroupElems <= detail::kMaxPairGroups &&
+         parts.size() == 1 && parts[0].accumulate && r.router_t && r.norm_weight && r.sums && r.n_expert > 0 &&
+         r.n_expert <= kRouterSumsMaxExperts;
+}
+
 }  // namespace
 
 bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep) {
   if (ep.kind == PairEpilogueKind::None) return true;
+  if (ep.kind == PairEpilogueKind::RouterSums) return router_sums_fit(cols, parts, ep.router);
   if (ep.kind != PairEpilogueKind::RopeStore && ep.kind != PairEpilogueKind::Glu) return false;
   if (cols % detail::kGroupElems != 0 || cols / detail::kGroupElems > detail::kMaxPairGroups) return false;
   if (ep.kind == PairEpilogueKind::Glu && !glu_epilogue_fits(parts, ep.glu)) return false;
@@ -166,8 +176,9 @@ Status matvec_f32_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::s
                             " columns with f32 x do not fit the grouped kernel (q4_0 / q8_0 / q4_K / q6_K, "
                            "16-byte aligned, "
                            "at most " + std::to_string(kMaxF32InputCols) + " columns)");
-  if (!detail::pair_epilogue_launchable(cols, parts, ep))
-    return Status::invalid("matvec_f32_parts: the pair epilogue does not fit");
+  if (!detail::pair_epilogue_launchable(cols, parts, ep) || ep.kind == PairEpilogueKind::RouterSums)
+    return Status::invalid("matvec_f32_parts: the pair epilogue does not fit (the router sums need int8 x: "
+                           "matvec_q8_parts)");
   if (ep.kind == PairEpilogueKind::Glu) return detail::matvec_glu_f32_parts(type, cols, w_row_bytes, parts, in, ep, stream);
   int64_t total = 0;
   const detail::GroupedSegments seg = detail::segments_of(parts, &total);

@@ -46,7 +46,24 @@ struct MatvecPart {
 //    int8 copy (glu.q8, as glu() with GluArgs::q8), which the down product reads
 //    (matvec_grouped_glu.cu; without that copy the down product quantized the activation in
 //    every block: measured slower, docs/perf-notes.md round 5).
-enum class PairEpilogueKind : uint8_t { None, RopeStore, Glu };
+//  - RouterSums: one part that accumulates into the residual stream (an attention output
+//    product), and an MoE router after it: besides the products, each block adds its rows'
+//    share of every expert's router sum, sums[e] += sum_i router_t[i][e] * norm_weight[i] *
+//    h_i over its rows i, h_i the residual's new value, into router.sums (double, so that the
+//    order the blocks add in changes the sums only far below f32's precision). The experts'
+//    kernels after it finish the front from them (moe.h's MoeFoldedFront): no launch of the
+//    norm, router and routing between. They only read the sums, so the launch also sets
+//    router.zero (the sums of the MoE layer before, whose readers have ended by its wait)
+//    back to zero. Rows of at most 16 groups, at most kRouterSumsMaxExperts experts.
+enum class PairEpilogueKind : uint8_t { None, RopeStore, Glu, RouterSums };
+constexpr int kRouterSumsMaxExperts = 128;
+struct RouterSumsEpilogue {
+  const float* router_t = nullptr;     // [rows][n_expert]: the router transposed (row i: column i's weights)
+  const float* norm_weight = nullptr;  // [rows]: the norm's weights, which the router's input carries
+  double* sums = nullptr;              // [n_expert], added to (zero before the first launch)
+  double* zero = nullptr;              // [kRouterSumsMaxExperts] set to zero after the wait, or null; not sums
+  int n_expert = 0;
+};
 struct GluEpilogue {
   GluKind kind = GluKind::Silu;
   float alpha = 1.702f, limit = 7.0f;  // SwigluOai only
@@ -66,6 +83,7 @@ struct PairEpilogue {
   const float* angles = nullptr;  // rope_table(): per token, cos [n_rot / 2] then sin [n_rot / 2]
   KvStoreArgs store;              // the cache and slots (k and v unused: the products' rows go)
   GluEpilogue glu;
+  RouterSumsEpilogue router;
 };
 // The parts' side of a pair epilogue, whatever the kernel: RopeStore three parts of even
 // rows, q and k whole heads, k and v as wide as the cache rows; Glu two parts of equal rows

@@ -30,6 +30,7 @@
 #include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/matvec_segments.cuh"
 #include "backend/cuda/pair_epilogue.cuh"
+#include "backend/cuda/router_sums.cuh"
 
 namespace kiln::cuda::detail {
 
@@ -443,9 +444,10 @@ __device__ __forceinline__ void load_norm_weights(const F32Input& in, int cols, 
   }
 }
 
+// Returns the norm's 1 / rms (1 without norm weights).
 template <int kSteps>
-__device__ inline void quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s,
-                                                const float4 (&norm_w)[kSteps]) {
+__device__ inline float quantize_input_to_shared(const F32Input& in, int cols, uint8_t* x_s, uint8_t* ds_s,
+                                                 const float4 (&norm_w)[kSteps]) {
   __shared__ float partial[kGroupedWarps];
   const int tid = threadIdx.x;
   float4 v[kSteps];
@@ -482,6 +484,7 @@ __device__ inline void quantize_input_to_shared(const F32Input& in, int cols, ui
     quantize_block_spread<8, 4>(four, reinterpret_cast<int8_t*>(x_s + group * kXGroupBytes + at),
                                 reinterpret_cast<float2*>(ds_s + group * kDsGroupBytes) + at / 32);
   }
+  return inv;
 }
 
 // quantize_q8's int8 x (groups of 256 values, then their 8 (d, d * sum) pairs each) into the
@@ -516,9 +519,10 @@ __device__ __forceinline__ void stage_q8_multicast(uint8_t* x_s, uint8_t* ds_s, 
 // launched in clusters of two or more, x arriving by multicast (stage_q8_multicast); a
 // template argument, so that the other instances carry none of its code (behind a runtime
 // test, Llama-3-8B Q4_0 ran 10 us a step slower with the multicast off than before it, and
-// Q4_K_M 11 us slower: docs/perf-notes.md, round 29).
+// Q4_K_M 11 us slower: docs/perf-notes.md, round 29). kRouterSums: the RouterSums epilogue
+// (router_sums.cuh), likewise built only into the instances that take it (int8 x, 16 lanes).
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32, int kStages = kGroupedStages,
-          bool kMulticastX = false>
+          bool kMulticastX = false, bool kRouterSums = false>
 __global__ void __launch_bounds__(kGroupedThreads,
                                   kStages == 1 ? one_stage_min_blocks<Fmt, FmtB, kLanesPerRow, kFromF32>()
                                                : (kStages == 0 ? kInterleavedMinBlocks : 0))
@@ -609,6 +613,7 @@ __global__ void __launch_bounds__(kGroupedThreads,
   wait_for_previous_kernels();
   allow_next_kernel();
   trace_stamp(0);  // trace builds (block_trace.cuh)
+  if constexpr (kRouterSums) zero_previous_router_sums(ep.router);
   if constexpr (kFromF32) {
     quantize_input_to_shared(in, groups * kGroupElems, x_s, ds_s, norm_w);
     cp_async_wait<0>();
@@ -634,11 +639,16 @@ __global__ void __launch_bounds__(kGroupedThreads,
   // +8 us for Q4_K_M, whose q4_K / q6_K instances pay more registers for it.
   constexpr bool kOldEarly = grouped_q4_0_or_q8_0<Fmt, FmtB>();
   float add_old = 0.0f, accumulate_old = 0.0f;
+  static_assert(!kRouterSums || (!kFromF32 && !kTwoFormats), "router sums: one format over int8 x");
+  RouterRows<kRouterSums ? kSlots : 1> router_rows;
+  float router_acc[kRouterSumsPerLane] = {};
   for (int i = 0; i < items; ++i) {
     if constexpr (kStages > 1) issue(i + 1);
     const int task = first_task + (i / chunks) * warps_total, chunk = i % chunks;
     const int group = chunk * kLanesPerRow + li;
     const int row = first_row_of(task) + slot;
+    if constexpr (kRouterSums)
+      if (chunk == 0) load_router_rows<kSlots>(ep.router, first_row_of(task), rows, router_rows);  // one part
     if (kOldEarly && chunk == 0 && li == 0 && row < rows) {
       int part, local;
       seg.locate(row, part, local);
@@ -689,16 +699,21 @@ __global__ void __launch_bounds__(kGroupedThreads,
           plain_store = false;
         }
       }
+      float residual_now = 0.0f;  // the storing lane's: the row's new value in the accumulate vector
       if (plain_store) {
         float* y = GroupedSegments::pick(seg.y, part);
         y[local] = v;
-        if (float* target = GroupedSegments::pick(seg.acc, part))
-          target[local] = target == y || !kOldEarly ? target[local] + v : accumulate_old + v;
+        if (float* target = GroupedSegments::pick(seg.acc, part)) {
+          residual_now = target == y || !kOldEarly ? target[local] + v : accumulate_old + v;
+          target[local] = residual_now;
+        }
       }
+      if constexpr (kRouterSums) add_router_rows<kSlots, kLanesPerRow>(router_rows, residual_now, router_acc);
       acc = 0.0f;
     }
   }
   cp_async_wait<0>();
+  if constexpr (kRouterSums) add_block_router_sums<kGroupedWarps>(ep.router, router_acc);
   trace_stamp(3);  // thread 0's items done
   if constexpr (kMulticastX) multicast_finish();
 }
@@ -784,6 +799,32 @@ inline Status refuse_interleaved(const GroupedSegments& seg, int64_t total_rows,
   return Status();
 }
 
+// The two-stage launch of `kernel` (launch_grouped's last case: where no other fits).
+template <auto kernel, typename Fmt, typename FmtB>
+Status launch_two_stage(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
+                        const SecondFormat& second, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
+                        int64_t blocks_needed, cudaStream_t stream) {
+  int blocks_per_sm = 0, sms = 0;
+  const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols);
+  if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
+  // Capped at the resident blocks, which loop over the tasks: a block per 8 tasks in waves
+  // measured 20% slower (docs/perf-notes.md, round 12).
+  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
+  // Where twice the even share of blocks or more would fit a multiprocessor, shared memory that
+  // caps them at the share (occupancy.h): else a launch of fewer blocks than multiprocessors
+  // (Qwen3-30B-A3B's o: 128 blocks, 2 fit) can run on half of them. -18 us a step there
+  // (docs/perf-notes.md, round 21). KILN_CUDA_GROUPED_SPREAD=0: never (read once).
+  static const bool spread = !env_is("KILN_CUDA_GROUPED_SPREAD", "0");
+  const int share = (grid + sms - 1) / sms;
+  const size_t launch_smem =
+      spread && blocks_per_sm >= 2 * share
+          ? spread_shared_bytes(reinterpret_cast<const void*>(kernel), kGroupedThreads, smem, share, kGroupedMaxSmem)
+          : smem;
+  launch_chained(kernel, grid, kGroupedThreads, launch_smem, stream, seg, w_row_bytes, second, int(total_rows),
+                 int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
+  return launch_status("matvec_grouped_kernel");
+}
+
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
 Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
                       const SecondFormat& second, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
@@ -792,12 +833,28 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   const int64_t tasks = (total_rows + kSlots - 1) / kSlots;
   const int64_t blocks_needed = (tasks + kGroupedWarps - 1) / kGroupedWarps;
   int blocks_per_sm = 0, sms = 0;
+  // The instances built with the router sums (matvec_pairs_fit keeps the epilogue to rows of
+  // 16 lanes; one format over int8 x).
+  constexpr bool kRouterSumsInstance = !kFromF32 && kLanesPerRow == 16 && std::is_same_v<Fmt, FmtB>;
+  const bool router_sums = ep.kind == PairEpilogueKind::RouterSums;
+  if (router_sums && !kRouterSumsInstance)
+    return Status::invalid("matvec: the router sums take int8 x and rows of 16 lanes");
   if constexpr (grouped_interleavable<Fmt, FmtB>()) {
     const int64_t groups = cols / kGroupElems;
     if (w_row_bytes == groups * Fmt::kGroupBytes &&
         interleaved_segments(seg, total_rows, w_row_bytes, interleave_tile_rows(groups))) {
       constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
+      if constexpr (kRouterSumsInstance) {
+        if (router_sums) {
+          constexpr auto with_sums = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0, false, true>;
+          if (Status s = grouped_occupancy<with_sums>(smem, blocks_per_sm, sms); !s.ok()) return s;
+          launch_chained(with_sums, int(min64(blocks_needed, int64_t(blocks_per_sm) * sms)), kGroupedThreads, smem,
+                         stream, seg, w_row_bytes, second, int(total_rows), int(cols / kGroupElems), xq.qs, xq.ds, in,
+                         ep);
+          return launch_status("matvec_grouped_kernel (interleaved, router sums)");
+        }
+      }
       if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
       const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
       if constexpr (std::is_same_v<Fmt, GroupQ4_0> && std::is_same_v<FmtB, Fmt> && !kFromF32) {
@@ -825,7 +882,7 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
   // kernel's resident blocks, each warp has a single item.
   if constexpr (kLanesPerRow <= 16) {
     const int mode = grouped_one_stage_mode();
-    const bool wanted = mode == 2 || (mode == 1 && cols <= kOneStageMaxCols);
+    const bool wanted = (mode == 2 || (mode == 1 && cols <= kOneStageMaxCols)) && !router_sums;
     if (cols / kGroupElems <= kLanesPerRow && wanted) {
       constexpr auto one_stage = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 1>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 1);
@@ -837,25 +894,12 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
       }
     }
   }
-  constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32>;
-  const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols);
-  if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
-  // Capped at the resident blocks, which loop over the tasks: a block per 8 tasks in waves
-  // measured 20% slower (docs/perf-notes.md, round 12).
-  const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
-  // Where twice the even share of blocks or more would fit a multiprocessor, shared memory that
-  // caps them at the share (occupancy.h): else a launch of fewer blocks than multiprocessors
-  // (Qwen3-30B-A3B's o: 128 blocks, 2 fit) can run on half of them. -18 us a step there
-  // (docs/perf-notes.md, round 21). KILN_CUDA_GROUPED_SPREAD=0: never (read once).
-  static const bool spread = !env_is("KILN_CUDA_GROUPED_SPREAD", "0");
-  const int share = (grid + sms - 1) / sms;
-  const size_t launch_smem =
-      spread && blocks_per_sm >= 2 * share
-          ? spread_shared_bytes(reinterpret_cast<const void*>(kernel), kGroupedThreads, smem, share, kGroupedMaxSmem)
-          : smem;
-  launch_chained(kernel, grid, kGroupedThreads, launch_smem, stream, seg, w_row_bytes, second, int(total_rows),
-                 int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
-  return launch_status("matvec_grouped_kernel");
+  if constexpr (kRouterSumsInstance)
+    if (router_sums)
+      return launch_two_stage<matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, kGroupedStages, false, true>,
+                              Fmt, FmtB>(seg, total_rows, cols, w_row_bytes, second, xq, in, ep, blocks_needed, stream);
+  return launch_two_stage<matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32>, Fmt, FmtB>(
+      seg, total_rows, cols, w_row_bytes, second, xq, in, ep, blocks_needed, stream);
 }
 
 // What every launch entry point checks of its pair epilogue: the shapes (matvec_pairs_fit)

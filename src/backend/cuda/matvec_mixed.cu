@@ -72,7 +72,8 @@ Status matvec_mixed_f32_parts(int64_t cols, std::span<const MatvecPart> parts, s
                            std::to_string(cols) +
                            " columns do not fit the two-format grouped kernel (q4_K parts with q6_K ones, one "
                            "row stride per type, each part fitting the grouped kernel)");
-  if (ep.kind == PairEpilogueKind::Glu || !detail::pair_epilogue_launchable(cols, parts, ep))
+  if (ep.kind == PairEpilogueKind::Glu || ep.kind == PairEpilogueKind::RouterSums ||
+      !detail::pair_epilogue_launchable(cols, parts, ep))
     return Status::invalid("matvec_mixed_f32_parts: the pair epilogue does not fit (rope only: the glu epilogue takes "
                            "gate and up of one type)");
   int64_t total = 0;

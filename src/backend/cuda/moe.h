@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_extra.h"
 #include "backend/cuda/status.h"
 #include "quant/types.h"
 
@@ -49,6 +50,35 @@ struct ExpertMatrix {
   // gemm_version says) copies it back into rows; exact mode refuses it.
   bool row_tiles = false;
 };
+
+// The MoE front (norm, router logits, routing) folded into the experts' decode kernels, for
+// one token over experts in the row-tile layout: the attention output product before has
+// added each expert's router sum over the residual x into `sums` (matvec_grouped.h's
+// RouterSums epilogue: sums[e] = sum_i router[e][i] * norm_weight[i] * x_i). The logits are
+// sums[e] / rms(x); with no router or selection bias they rank as the sums do, so every gate /
+// up block ranks the experts from the sums alone (route_detail::rank_in_block), starts on its
+// weights, then normalizes and quantizes x into its shared memory; the block of slot 0's first
+// rows also computes rms(x), the routing's weights of `route` and writes them with the ids
+// (route.ids / route.weights: MoeFfnArgs::ids / weights). The down blocks rank the same way
+// before their wait, so their first weights load early as before; they read the weights after
+// it. The sums are only read here: the next MoE layer's product sets them back to zero
+// (RouterSumsEpilogue::zero). One launch fewer a layer than the front of ops_extra.h's
+// moe_norm_route; the logits agree to f32 rounding (x * (w * g) summed in another order, scaled
+// by 1 / rms after the sum).
+struct MoeFoldedFront {
+  double* sums = nullptr;              // [n_expert]; null: no folded front
+  const float* x = nullptr;            // [n_embd]: the residual, the router's input before its norm
+  const float* norm_weight = nullptr;  // [n_embd]
+  float eps = 0.0f;
+  const float* router_bias = nullptr;  // [n_expert]: must be null (and route.selection_bias)
+  MoeRouteArgs route;                  // its logits are not read (nor written)
+};
+// Whether moe_ffn_matvec takes a folded front with these arguments (one token, tiled q4_K /
+// q6_K experts, n_embd a multiple of 256 up to 4096, at most kRouterSumsMaxExperts experts,
+// no router or selection bias, x and the norm weights 16-byte aligned, the route's ids and
+// weights those of the FFN).
+struct MoeFfnArgs;
+bool moe_folded_front_fits(const MoeFfnArgs& args);
 
 enum class MoeDownWalk { Default, PerSegment, Flat };
 enum class MoeGateUpLaunch { Default, FourStages, OneWave, Direct };
@@ -103,6 +133,9 @@ struct MoeFfnArgs {
   // Null: x is quantized by a launch of its own.
   const uint8_t* x_q8 = nullptr;
   int64_t x_q8_row_bytes = 0;
+  // The front folded into the decode kernels (above), or none (front.sums null): then x, the
+  // ids and the weights come from the kernels before, as everywhere else.
+  MoeFoldedFront front;
 };
 
 // The counters MoeFfnArgs::h_tickets needs: one per 32 values of h (n_tokens * n_used * n_ff / 32).

@@ -34,6 +34,7 @@
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec.h"
+#include "backend/cuda/matvec_grouped.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_flat_segments.cuh"
 #include "backend/cuda/moe_kernels.cuh"
@@ -598,6 +599,10 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
     return Status::invalid("moe_ffn: x's int8 copy needs 16-byte aligned rows of " + std::to_string(a.n_embd) +
                            " values (a multiple of 32) and their scales, got rows of " +
                            std::to_string(a.x_q8_row_bytes) + " bytes");
+  if (a.front.sums && (exact || !detail::folded_front_fits(a)))
+    return Status::invalid("moe_ffn: the folded front takes one token, experts in the row-tile layout, a width of "
+                           "whole groups of 256 up to 4096, at most " + std::to_string(kRouterSumsMaxExperts) +
+                           " experts, aligned x and norm weights, and the route's ids and weights those of the FFN");
   const MatvecScratch s = plan_scratch(a, q8_gate_up, q8_down);
   if (!scratch || scratch_bytes < s.total || reinterpret_cast<uintptr_t>(scratch) % kAlignBytes != 0)
     return Status::invalid("moe_ffn: needs " + std::to_string(s.total) + " bytes of 256-byte aligned scratch, got " +
@@ -621,6 +626,8 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
     if (a.x_q8)
       xq = Q8Rows{reinterpret_cast<const int8_t*>(a.x_q8), a.x_q8_row_bytes,
                   reinterpret_cast<const float2*>(a.x_q8 + (a.n_embd + 15) / 16 * 16), a.x_q8_row_bytes / 8};
+    else if (a.front.sums)
+      ;  // the folded front's gate / up quantizes x itself
     else if (Status st = quantize_rows(a.x, a.x_stride, a.n_embd, a.n_tokens, const_cast<int8_t*>(xq.qs),
                                        const_cast<float2*>(xq.ds), stream);
              !st.ok())
@@ -671,5 +678,7 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
   }
   return status;
 }
+
+bool moe_folded_front_fits(const MoeFfnArgs& a) { return detail::folded_front_fits(a); }
 
 }  // namespace kiln::cuda

@@ -121,6 +121,47 @@ __device__ __forceinline__ void finish_route(const MoeRouteArgs& a, int64_t t, i
   }
 }
 
+// rank_in_block's ranking once the values the experts are chosen by (choose_s) and their
+// scores (score_s, or choose_s again) are in shared memory, written before this call: the
+// slots start at id -1, a barrier, each expert counted by two threads, a barrier (at least
+// 2 n threads).
+__device__ __forceinline__ void rank_chosen(int n, int n_used, const float* choose_s, const float* score_s,
+                                            int* slot_id, float* slot_score) {
+  if (int(threadIdx.x) < n_used) slot_id[threadIdx.x] = -1, slot_score[threadIdx.x] = 0.0f;
+  __syncthreads();
+  const int e = threadIdx.x / 2, half = threadIdx.x % 2;
+  int before = 0;
+  if (e < n) {
+    const float ce = choose_s[e];
+    for (int o = half; o < n; o += 2) before += goes_before(choose_s[o], o, ce, e) ? 1 : 0;
+  }
+  before += __shfl_xor_sync(kFullMask, before, 1);
+  if (e < n && half == 0 && before < n_used) slot_id[before] = e, slot_score[before] = score_s[e];
+  __syncthreads();
+}
+
+// The k picks with a whole block of kThreads threads instead of a warp's k rounds: warp 0
+// computes the scores; then every expert's slot is its rank, the experts that go before it
+// (goes_before: the order the rounds of pick_by_rounds take, so the same picks in the same
+// slots), counted by two threads an expert over halves of the others; the experts of rank < k
+// write slot_id / slot_score (shared memory, n_used entries). Two block barriers instead of
+// k dependent rounds of warp shuffles. Experts without a strict order (NaN logits) could share
+// a rank: the slots start at id -1, which the expert kernels turn into NaN outputs, never into
+// a wrong expert. Every thread of the block calls it; the slots are complete when it returns.
+template <int kPerLane, int kThreads, typename Logit>
+__device__ __forceinline__ void rank_in_block(const MoeRouteArgs& a, Logit&& logit, int* slot_id, float* slot_score) {
+  static_assert(kPerLane * kWarpSize <= kThreads / 2, "two threads an expert");
+  __shared__ float score_s[kPerLane * kWarpSize], choose_s[kPerLane * kWarpSize];
+  if (threadIdx.x / kWarpSize == 0) {
+    const int lane = threadIdx.x % kWarpSize;
+    float score[kPerLane], choose[kPerLane];
+    route_scores<kPerLane>(a, logit, score, choose);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score_s[lane + kWarpSize * i] = score[i], choose_s[lane + kWarpSize * i] = choose[i];
+  }
+  rank_chosen(int(a.n_expert), a.n_used, choose_s, score_s, slot_id, slot_score);
+}
+
 // Routes token t: reads its logits through `logit(e)`, writes its ids and weights. The whole
 // warp calls it.
 template <int kPerLane, typename Logit>

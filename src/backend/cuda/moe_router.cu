@@ -52,39 +52,14 @@ constexpr int kMaxClusterBlocks = 16;
 constexpr int kMaxClusterExperts = kMaxClusterBlocks * kRouterWarps;
 
 // Routes token t from its logits in shared memory with the whole block (the cluster's first
-// block): warp 0 computes the scores; then every expert's slot is its rank, the experts that
-// go before it (route_detail::goes_before: the order the k rounds of pick_by_rounds take, so
-// the same picks in the same slots), counted by two threads an expert over halves of the
-// others; the experts of rank < k write their slots; warp 0 finishes. Two block barriers
-// instead of the k dependent rounds of warp shuffles. Experts without a strict order (NaN
-// logits) could share a rank: the slots start at id -1, which the expert kernels turn into
-// NaN outputs, never into a wrong expert.
+// block): route_detail::rank_in_block, then warp 0 finishes.
 template <int kPerLane>
 __device__ __forceinline__ void route_in_block(const MoeRouteArgs& a, int64_t t, const float* logits) {
-  static_assert(kPerLane * kWarpSize <= kRouterThreads / 2, "two threads an expert");
-  __shared__ float score_s[kPerLane * kWarpSize], choose_s[kPerLane * kWarpSize];
   __shared__ int slot_id[route_detail::kMaxUsed];
   __shared__ float slot_score[route_detail::kMaxUsed];
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  if (warp == 0) {
-    float score[kPerLane], choose[kPerLane];
-    route_detail::route_scores<kPerLane>(a, [&](int e) { return logits[e]; }, score, choose);
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) score_s[lane + kWarpSize * i] = score[i], choose_s[lane + kWarpSize * i] = choose[i];
-    if (lane < a.n_used) slot_id[lane] = -1, slot_score[lane] = 0.0f;
-  }
-  __syncthreads();
-  const int e = threadIdx.x / 2, half = threadIdx.x % 2;
-  const int n = int(a.n_expert);
-  int before = 0;
-  if (e < n) {
-    const float ce = choose_s[e];
-    for (int o = half; o < n; o += 2) before += route_detail::goes_before(choose_s[o], o, ce, e) ? 1 : 0;
-  }
-  before += __shfl_xor_sync(detail::kFullMask, before, 1);
-  if (e < n && half == 0 && before < a.n_used) slot_id[before] = e, slot_score[before] = score_s[e];
-  __syncthreads();
-  if (warp == 0) {
+  route_detail::rank_in_block<kPerLane, kRouterThreads>(a, [&](int e) { return logits[e]; }, slot_id, slot_score);
+  if (threadIdx.x / kWarpSize == 0) {
+    const int lane = threadIdx.x % kWarpSize;
     const bool slot = lane < a.n_used;
     route_detail::finish_route(a, t, slot ? slot_id[lane] : 0, slot ? slot_score[lane] : 0.0f);
   }

@@ -26,6 +26,7 @@
 #include "backend/cuda/expert_tiles.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/matvec_grouped_kernel.cuh"
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_tiled_decode.cuh"
 
 namespace kiln::cuda::detail {
@@ -95,6 +96,41 @@ __device__ __forceinline__ const T* opaque(const T* p) {
   return p;
 }
 
+// The folded front (moe.h's MoeFoldedFront). Without router or selection bias the logits
+// sums[e] / rms(x) rank as the router sums themselves (1 / rms > 0; rounding may make two equal,
+// never swap them), so the slots are ranked from the sums alone: the gate / up blocks start on
+// their weights before x is read, and the down blocks repeat the ranking before their wait.
+// Every thread of the block calls it; slot_id / slot_score are complete when it returns.
+constexpr int kFoldedPerLane = kRouterSumsMaxExperts / kWarpSize;
+__device__ __forceinline__ void rank_by_sums(const MoeFfnArgs& a, int* slot_id, float* slot_score) {
+  static_assert(kRouterSumsMaxExperts <= kGroupedThreads / 2, "two threads an expert");
+  __shared__ float sums_s[kRouterSumsMaxExperts];
+  if (threadIdx.x < a.n_expert) sums_s[threadIdx.x] = float(__ldcg(a.front.sums + threadIdx.x));
+  route_detail::rank_chosen(int(a.n_expert), int(a.n_used), sums_s, sums_s, slot_id, slot_score);
+}
+
+// Slot j's expert of the ranking (-1: none, as expert_of).
+__device__ __forceinline__ int folded_expert(const MoeFfnArgs& a, const int* slot_id, int64_t j) {
+  const int e = slot_id[j];
+  return e >= 0 && e < a.n_expert ? e : -1;
+}
+
+// The routing's weights from the logits sums[e] * inv (inv = 1 / rms(x)) and the ranked slots,
+// with the ids, where the down kernel reads them (route.ids / weights). Warp 0 of one block.
+__device__ __forceinline__ void write_folded_route(const MoeFfnArgs& a, const int* slot_id, float inv) {
+  __shared__ float score_s[kRouterSumsMaxExperts];
+  const MoeRouteArgs& r = a.front.route;
+  const int lane = threadIdx.x % kWarpSize;
+  float score[kFoldedPerLane], choose[kFoldedPerLane];
+  route_detail::route_scores<kFoldedPerLane>(
+      r, [&](int e) { return __fmul_rn(float(__ldcg(a.front.sums + e)), inv); }, score, choose);
+#pragma unroll
+  for (int i = 0; i < kFoldedPerLane; ++i) score_s[lane + kWarpSize * i] = score[i];
+  __syncwarp();
+  const int id = lane < r.n_used ? folded_expert(a, slot_id, lane) : 0;
+  route_detail::finish_route(r, 0, id, id >= 0 ? score_s[id] : moe_nan());
+}
+
 // Grid (n_ff / 32, pairs), two resident blocks of 8 warps a multiprocessor (128 registers).
 // Lane (slot, li) of warp w takes row 4 w + slot of the block, its groups li, li + 8, ...; item
 // 2 k is gate's group li + 8 k, item 2 k + 1 up's, in one set of registers: up's words load
@@ -102,7 +138,8 @@ __device__ __forceinline__ const T* opaque(const T* p) {
 // itself: no counters). Measured against 16-row blocks of 4 warps with gate's and up's groups
 // in registers at once (168 registers, 3 blocks a multiprocessor): 1.6696 against 1.7177 ms a
 // Qwen3-30B-A3B step. Dynamic shared memory: x's int8 copy (staged_q8_bytes(groups)).
-template <typename Fmt>
+// kFolded: the front folded in (route_folded; one token), x quantized here, not read from xq.
+template <typename Fmt, bool kFolded>
 __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
     moe_tiled_gate_up_kernel(MoeFfnArgs a, Q8Rows xq, float* h, Q8Rows hq) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -112,8 +149,21 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
   const int p = blockIdx.y, t = p / int(a.n_used), j = p - t * int(a.n_used);  // pairs < 65536
   const int r = warp * (kWarpSize / kGateUpLanes) + slot;  // the lane's row in the block
   const int64_t block_row = int64_t(blockIdx.x) * kGateUpBlockRows;
-  begin_chained_kernel();  // the ids and x's int8 copy, from the kernels before
-  const int e = expert_of(a, t, j);
+  int e;
+  F32Input in;  // folded: x, normed and quantized here
+  float4 norm_w[kFolded ? kPairF32Steps : 1];
+  __shared__ int slot_id[kFolded ? route_detail::kMaxUsed : 1];
+  __shared__ float slot_score[kFolded ? route_detail::kMaxUsed : 1];
+  if constexpr (kFolded) {
+    in.x = a.front.x, in.norm_weight = a.front.norm_weight, in.eps = a.front.eps;
+    load_norm_weights<kPairF32Steps>(in, int(a.n_embd), norm_w);  // no kernel of the step writes them
+    begin_chained_kernel();  // the router sums and x, from the kernel before
+    rank_by_sums(a, slot_id, slot_score);
+    e = folded_expert(a, slot_id, j);
+  } else {
+    begin_chained_kernel();  // the ids and x's int8 copy, from the kernels before
+    e = expert_of(a, t, j);
+  }
   trace_stamp(1, uint32_t(e));  // trace builds: the id read
   const int groups = int(a.n_embd / kExpertTileGroupWeights);
   const int pairs = (groups - li + kGateUpLanes - 1) / kGateUpLanes;  // (gate, up) item pairs of this lane
@@ -127,8 +177,14 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
   };
   uint32_t w[group_words<Fmt>()];
   load_words<Fmt>(w, address(0));
-  stage_q8_groups(smem, xq, t, 1, groups);
-  cp_async_wait<0>();
+  if constexpr (kFolded) {  // x normed and quantized while the first weights arrive
+    const float inv = quantize_input_to_shared<kPairF32Steps>(in, int(a.n_embd), smem,
+                                                              smem + groups * kXGroupBytes, norm_w);
+    if (blockIdx.x == 0 && j == 0 && warp == 0) write_folded_route(a, slot_id, inv);
+  } else {
+    stage_q8_groups(smem, xq, t, 1, groups);
+    cp_async_wait<0>();
+  }
   __syncthreads();
   trace_stamp(2, w[0]);  // x staged, the first weights in
   float acc_gate = 0.0f, acc_up = 0.0f;
@@ -171,7 +227,9 @@ constexpr int kDownMinBlocks = std::is_same_v<Fmt, GroupQ4_K> ? 3 : 2;
 // (lane / 8, lane % 8) of warp w takes row 8 x + s, items 4 w + q + 32 m (item i: slot i /
 // groups, group i % groups). Dynamic shared memory: h's int8 copy for the token's slots
 // (staged_q8_bytes(n_used * groups)).
-template <typename Fmt>
+// kFolded: the front folded in: the slots ranked from the router sums before the wait, as
+// gate / up ranked them (rank_by_sums); its ids and weights, read after the wait, for the end.
+template <typename Fmt, bool kFolded>
 __global__ void __launch_bounds__(kDownWarps * kWarpSize, kDownMinBlocks<Fmt>)
     moe_tiled_down_kernel(MoeFfnArgs a, Q8Rows hq) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -184,14 +242,17 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize, kDownMinBlocks<Fmt>)
   const int items = int(a.n_used) * groups;
   const int first = warp * kDownItemLanes + q;
   constexpr int kStep = kDownWarps * kDownItemLanes;
+  __shared__ int slot_id[kFolded ? route_detail::kMaxUsed : 1];
+  __shared__ float slot_score[kFolded ? route_detail::kMaxUsed : 1];
   auto address = [&](int i) {
     if (i >= items) return WordAddress{};
-    const int j = i / groups, e = expert_of(a, t, j);
+    const int j = i / groups, e = kFolded ? folded_expert(a, slot_id, j) : expert_of(a, t, j);
     return tiled_group<Fmt>(tile_of<Fmt>(a.down.data, int64_t(e < 0 ? 0 : e) * a.n_embd + tile_row, groups),
                             i - j * groups, s);
   };
   // The ids were written two kernels back: read before the wait, with the first words.
   uint32_t g[group_words<Fmt>()];
+  if constexpr (kFolded) rank_by_sums(a, slot_id, slot_score);  // the sums' kernel ran two back
   load_words<Fmt>(g, address(first));
   begin_chained_kernel();
   stage_q8_groups(smem, hq, t * a.n_used, int(a.n_used), groups);
@@ -242,6 +303,14 @@ Status allow_shared(size_t bytes, const char* name) {
   return Status();
 }
 
+// One launch of `kernel` (a gate / up or down instance) with `smem` bytes of shared memory.
+template <auto kernel, typename... Args>
+Status launch_tiled(const char* name, dim3 grid, size_t smem, cudaStream_t stream, const Args&... args) {
+  if (Status s = allow_shared<kernel>(smem, name); !s.ok()) return s;
+  const cudaError_t e = launch_chained(kernel, grid, dim3(kGroupedThreads), smem, stream, args...);
+  return e != cudaSuccess ? Status::from_cuda(e, name) : launch_status(name);
+}
+
 }  // namespace
 
 Status launch_tiled_gate_up(const MoeFfnArgs& a, const Q8Rows& xq, float* h, const Q8Rows& hq, cudaStream_t stream) {
@@ -252,10 +321,9 @@ Status launch_tiled_gate_up(const MoeFfnArgs& a, const Q8Rows& xq, float* h, con
   const size_t smem = staged_q8_bytes(a.n_embd / kExpertTileGroupWeights);
   return visit_tiled_format(a.gate.type, "gate / up", [&](auto fmt) {
     using Fmt = decltype(fmt);
-    constexpr auto kernel = moe_tiled_gate_up_kernel<Fmt>;
-    if (Status s = allow_shared<kernel>(smem, "moe_tiled_gate_up_kernel"); !s.ok()) return s;
-    const cudaError_t e = launch_chained(kernel, grid, dim3(kGateUpWarps * kWarpSize), smem, stream, a, xq, h, hq);
-    return e != cudaSuccess ? Status::from_cuda(e, "moe_tiled_gate_up_kernel") : launch_status("moe_tiled_gate_up_kernel");
+    constexpr const char* kName = "moe_tiled_gate_up_kernel";
+    return a.front.sums ? launch_tiled<moe_tiled_gate_up_kernel<Fmt, true>>(kName, grid, smem, stream, a, xq, h, hq)
+                        : launch_tiled<moe_tiled_gate_up_kernel<Fmt, false>>(kName, grid, smem, stream, a, xq, h, hq);
   });
 }
 
@@ -267,11 +335,21 @@ Status launch_tiled_down(const MoeFfnArgs& a, const Q8Rows& hq, cudaStream_t str
   const size_t smem = staged_q8_bytes(a.n_used * (a.n_ff / kExpertTileGroupWeights));
   return visit_tiled_format(a.down.type, "down", [&](auto fmt) {
     using Fmt = decltype(fmt);
-    constexpr auto kernel = moe_tiled_down_kernel<Fmt>;
-    if (Status s = allow_shared<kernel>(smem, "moe_tiled_down_kernel"); !s.ok()) return s;
-    const cudaError_t e = launch_chained(kernel, grid, dim3(kDownWarps * kWarpSize), smem, stream, a, hq);
-    return e != cudaSuccess ? Status::from_cuda(e, "moe_tiled_down_kernel") : launch_status("moe_tiled_down_kernel");
+    constexpr const char* kName = "moe_tiled_down_kernel";
+    return a.front.sums ? launch_tiled<moe_tiled_down_kernel<Fmt, true>>(kName, grid, smem, stream, a, hq)
+                        : launch_tiled<moe_tiled_down_kernel<Fmt, false>>(kName, grid, smem, stream, a, hq);
   });
+}
+
+bool folded_front_fits(const MoeFfnArgs& a) {
+  const MoeFoldedFront& f = a.front;
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return f.sums && f.x && f.norm_weight && aligned(f.x) && aligned(f.norm_weight) && a.n_tokens == 1 &&
+         a.gate.row_tiles && a.up.row_tiles && a.down.row_tiles && a.n_embd % kExpertTileGroupWeights == 0 &&
+         a.n_embd <= int64_t(kPairF32Steps) * kGroupedThreads * 4 && a.n_expert <= kRouterSumsMaxExperts &&
+         f.route.n_expert == a.n_expert && f.route.n_used == a.n_used && f.route.ids == a.ids &&
+         f.route.weights == a.weights && !f.router_bias && !f.route.selection_bias &&
+         route_detail::route_refusal(f.route).empty();
 }
 
 }  // namespace kiln::cuda::detail

@@ -17,7 +17,10 @@ Status launch_tiled_gate_up(const MoeFfnArgs& a, const Q8Rows& xq, float* h, con
 
 // down of every token, its slots weighted and summed, into a.out (and a.residual): h's int8
 // copy in hq. Reads the ids before its wait (they were written two kernels back), with its
-// first weights.
+// first weights; with a folded front (a.front, moe.h) after it, since gate / up wrote them.
 Status launch_tiled_down(const MoeFfnArgs& a, const Q8Rows& hq, cudaStream_t stream);
+
+// Whether these kernels take a.front (moe.h's moe_folded_front_fits).
+bool folded_front_fits(const MoeFfnArgs& a);
 
 }  // namespace kiln::cuda::detail
