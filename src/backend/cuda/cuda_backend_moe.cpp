@@ -1,11 +1,11 @@
-// The CUDA backend's mixture-of-experts layer: the front (norm, router, routing) as one
-// kernel in decode (ops_extra.h's moe_norm_route), or, for one token over experts in the
-// row-tile layout, folded into the attention output product before it and the experts'
-// kernels after it (no launch: PendingFront, moe.h's MoeFoldedFront); and the FFN: argument
-// checks on the host,
-// then the routed kernels of moe.h (indexed matvecs for a few tokens and in exact mode,
-// grouped GEMMs for many), recorded like every other op so that decode passes replay as
-// graphs.
+// The CUDA backend's mixture-of-experts layer:
+//   - the front (norm, router, routing) as one kernel in decode (ops_extra.h's
+//     moe_norm_route), or, for one token over experts in the row-tile layout, folded into the
+//     attention output product before it and the experts' kernels after it (no launch:
+//     PendingFront, moe.h's MoeFoldedFront);
+//   - the FFN: argument checks on the host, then the routed kernels of moe.h (indexed matvecs
+//     for a few tokens and in exact mode, grouped GEMMs for many), recorded like every other
+//     op so that decode passes replay as graphs.
 #include <initializer_list>
 #include <string>
 
