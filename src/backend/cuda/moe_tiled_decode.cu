@@ -138,7 +138,8 @@ __device__ __forceinline__ void write_folded_route(const MoeFfnArgs& a, const in
 // itself: no counters). Measured against 16-row blocks of 4 warps with gate's and up's groups
 // in registers at once (168 registers, 3 blocks a multiprocessor): 1.6696 against 1.7177 ms a
 // Qwen3-30B-A3B step. Dynamic shared memory: x's int8 copy (staged_q8_bytes(groups)).
-// kFolded: the front folded in (route_folded; one token), x quantized here, not read from xq.
+// kFolded: the front folded in (rank_by_sums; one token), x normed and quantized here, not
+// read from xq.
 template <typename Fmt, bool kFolded>
 __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
     moe_tiled_gate_up_kernel(MoeFfnArgs a, Q8Rows xq, float* h, Q8Rows hq) {
@@ -250,9 +251,10 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize, kDownMinBlocks<Fmt>)
     return tiled_group<Fmt>(tile_of<Fmt>(a.down.data, int64_t(e < 0 ? 0 : e) * a.n_embd + tile_row, groups),
                             i - j * groups, s);
   };
-  // The ids were written two kernels back: read before the wait, with the first words.
+  // The ids were written two kernels back (folded: the sums they are ranked from): read before
+  // the wait, with the first words.
   uint32_t g[group_words<Fmt>()];
-  if constexpr (kFolded) rank_by_sums(a, slot_id, slot_score);  // the sums' kernel ran two back
+  if constexpr (kFolded) rank_by_sums(a, slot_id, slot_score);
   load_words<Fmt>(g, address(first));
   begin_chained_kernel();
   stage_q8_groups(smem, hq, t * a.n_used, int(a.n_used), groups);
@@ -306,6 +308,8 @@ Status allow_shared(size_t bytes, const char* name) {
 // One launch of `kernel` (a gate / up or down instance) with `smem` bytes of shared memory.
 template <auto kernel, typename... Args>
 Status launch_tiled(const char* name, dim3 grid, size_t smem, cudaStream_t stream, const Args&... args) {
+  static_assert(kGateUpWarps * kWarpSize == kGroupedThreads && kDownWarps * kWarpSize == kGroupedThreads,
+                "both kernels' blocks are kGroupedThreads threads (quantize_input_to_shared's, rank_by_sums')");
   if (Status s = allow_shared<kernel>(smem, name); !s.ok()) return s;
   const cudaError_t e = launch_chained(kernel, grid, dim3(kGroupedThreads), smem, stream, args...);
   return e != cudaSuccess ? Status::from_cuda(e, name) : launch_status(name);
