@@ -30,9 +30,8 @@
 #include "backend/cuda/expert_tiles.h"
 #include "backend/cuda/moe.h"
 #include "cuda_test_support.h"
-#include "model/model_test_util.h"
 #include "moe_problem.h"
-#include "runtime/synthetic_model.h"
+#include "small_moe_model.h"
 
 namespace kiln::cuda::testing {
 namespace {
@@ -246,39 +245,16 @@ TEST(CudaMoeTilesArgs, MismatchedOrExactTilesAreRefused) {
 
 TEST(CudaMoeTilesModel, DecodeWithTilesMatchesBlocks) {
   KILN_REQUIRE_GPU();
-  SyntheticShape shape = synthetic_preset("qwen3-30b-a3b");
-  shape.n_layer = 2, shape.n_embd = 512, shape.n_head = 4, shape.n_head_kv = 2, shape.head_dim = 128;
-  shape.n_expert = 16, shape.n_expert_used = 4, shape.n_ff_expert = 256, shape.n_vocab = 512;
-  SynthOptions o;
-  o.type = GgmlType::Q4_K;
-  o.q4_k_m = true;
-  o.row_pool = true;
   kiln::testing::TempGguf tmp("moe_tiles");
-  write_synthetic_model(shape, o, tmp.path);
-
-  const std::vector<int32_t> prompt = {1, 17, 300, 42, 5};
-  std::vector<int32_t> ids[2];
-  std::vector<float> logits[2];
-  int vocab = 0;
-  for (int tiles = 0; tiles < 2; ++tiles) {
-    auto file = gguf::File::open(tmp.path);
-    CudaOptions co;
-    co.expert_tiles = tiles == 1;
-    CudaBackend backend(co);
-    std::unique_ptr<Model> model = Model::load(*file, backend);
-    vocab = model->hparams().n_vocab;
-    ids[tiles] = kiln::testing::greedy_decode(*model, backend, prompt, 8, 64, &logits[tiles]);
-    // 3 stacks a layer (q4_K gate / up, q4_K or q6_K down), unless the environment turned it off.
-    if (tiles == 1 && !env_is("KILN_CUDA_EXPERT_TILES", "0"))
-      EXPECT_EQ(backend.tiled_expert_stacks(), size_t(3 * shape.n_layer));
-    if (tiles == 0) EXPECT_EQ(backend.tiled_expert_stacks(), 0u);
-  }
-  EXPECT_EQ(ids[1], ids[0]) << "greedy tokens";
-  ASSERT_EQ(logits[1].size(), logits[0].size());
-  ASSERT_GT(vocab, 0);
-  for (int64_t r = 0; r < int64_t(logits[0].size()) / vocab; ++r)
-    EXPECT_LE(kiln::testing::relative_l2(logits[1].data() + r * vocab, logits[0].data() + r * vocab, vocab), 1e-5)
-        << "step " << r << ": experts in row tiles vs blocks, relative L2";
+  write_small_moe(tmp.path, 4);
+  CudaOptions blocks_options;
+  blocks_options.expert_tiles = false;
+  const SmallMoeDecode blocks = decode_small_moe(tmp.path, blocks_options, 8);
+  const SmallMoeDecode tiles = decode_small_moe(tmp.path, CudaOptions{}, 8);
+  EXPECT_EQ(blocks.tiled_stacks, 0u);
+  // 3 stacks a layer (q4_K gate / up, q4_K or q6_K down), unless the environment turned it off.
+  if (!env_is("KILN_CUDA_EXPERT_TILES", "0")) EXPECT_EQ(tiles.tiled_stacks, size_t(3 * kSmallMoeLayers));
+  expect_same_decode(tiles, blocks, 1e-5, "experts in row tiles vs blocks");
 }
 
 }  // namespace

@@ -26,8 +26,7 @@
 #include "backend/cuda/matvec.h"
 #include "backend/cuda/matvec_grouped.h"
 #include "cuda_test_support.h"
-#include "model/model_test_util.h"
-#include "runtime/synthetic_model.h"
+#include "small_moe_model.h"
 
 namespace kiln::cuda::testing {
 namespace {
@@ -176,43 +175,19 @@ TEST(CudaRouterSums, LaunchesItCannotServeAreRefused) {
 
 TEST(CudaRouterSumsModel, FoldedFrontDecodesAsTheFrontsOwnLaunch) {
   KILN_REQUIRE_GPU();
-  SyntheticShape shape = synthetic_preset("qwen3-30b-a3b");
-  shape.n_layer = 2, shape.n_embd = 512, shape.n_head = 8, shape.n_head_kv = 2, shape.head_dim = 128;
-  shape.n_expert = 16, shape.n_expert_used = 4, shape.n_ff_expert = 256, shape.n_vocab = 512;
-  SynthOptions o;
-  o.type = GgmlType::Q4_K;
-  o.q4_k_m = true;
-  o.row_pool = true;
-  kiln::testing::TempGguf tmp("router_sums");
-  write_synthetic_model(shape, o, tmp.path);
   if (env_is("KILN_CUDA_EXPERT_TILES", "0") || env_is("KILN_CUDA_MOE_FOLD_FRONT", "0"))
     GTEST_SKIP() << "the environment turns the row-tile layout or the fold off";
-
-  const std::vector<int32_t> prompt = {1, 17, 300, 42, 5};
+  kiln::testing::TempGguf tmp("router_sums");
+  write_small_moe(tmp.path, 8);
   constexpr int kSteps = 8;
-  std::vector<int32_t> ids[2];
-  std::vector<float> logits[2];
-  int64_t ops[2] = {};
-  int vocab = 0;
-  for (int fold = 0; fold < 2; ++fold) {
-    auto file = gguf::File::open(tmp.path);
-    CudaOptions co;
-    co.fold_moe_front = fold == 1;
-    CudaBackend backend(co);
-    std::unique_ptr<Model> model = Model::load(*file, backend);
-    vocab = model->hparams().n_vocab;
-    const int64_t before = backend.recorded_ops();
-    ids[fold] = kiln::testing::greedy_decode(*model, backend, prompt, kSteps, 64, &logits[fold]);
-    ops[fold] = backend.recorded_ops() - before;
-  }
-  EXPECT_EQ(ids[1], ids[0]) << "greedy tokens";
+  CudaOptions apart;
+  apart.fold_moe_front = false;
+  const SmallMoeDecode front = decode_small_moe(tmp.path, apart, kSteps);
+  const SmallMoeDecode folded = decode_small_moe(tmp.path, CudaOptions{}, kSteps);
   // The prompt's pass has 5 tokens (no fold); each later pass one.
-  EXPECT_EQ(ops[0] - ops[1], int64_t(kSteps - 1) * shape.n_layer) << "ops recorded: " << ops[0] << " vs " << ops[1];
-  ASSERT_EQ(logits[1].size(), logits[0].size());
-  ASSERT_GT(vocab, 0);
-  for (int64_t r = 0; r < int64_t(logits[0].size()) / vocab; ++r)
-    EXPECT_LE(kiln::testing::relative_l2(logits[1].data() + r * vocab, logits[0].data() + r * vocab, vocab), 1e-5)
-        << "step " << r << ": the front folded vs its own launch, relative L2";
+  EXPECT_EQ(front.ops - folded.ops, int64_t(kSteps - 1) * kSmallMoeLayers)
+      << "ops recorded: " << front.ops << " vs " << folded.ops;
+  expect_same_decode(folded, front, 1e-5, "the front folded vs its own launch");
 }
 
 }  // namespace
