@@ -12,7 +12,8 @@
 //   - A whole model: a small Qwen3-MoE Q4_K_M (kiln synth's mix, experts in the row-tile
 //     layout) decoded greedily with the front folded and as a launch of its own: the same
 //     tokens, every step's logits within 1e-5 relative L2, and one op fewer recorded a layer
-//     in each single-token step.
+//     in each single-token step. With an attention output product of 18 groups (wider than
+//     the epilogue takes) the front keeps its launch: as many ops, the same values.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -188,6 +189,18 @@ TEST(CudaRouterSumsModel, FoldedFrontDecodesAsTheFrontsOwnLaunch) {
   EXPECT_EQ(front.ops - folded.ops, int64_t(kSteps - 1) * kSmallMoeLayers)
       << "ops recorded: " << front.ops << " vs " << folded.ops;
   expect_same_decode(folded, front, 1e-5, "the front folded vs its own launch");
+}
+
+TEST(CudaRouterSumsModel, WiderProductsKeepTheFrontsLaunch) {
+  KILN_REQUIRE_GPU();
+  kiln::testing::TempGguf tmp("router_sums_wide");
+  write_small_moe(tmp.path, 36);  // 36 heads of 128: 18 groups a row
+  CudaOptions apart;
+  apart.fold_moe_front = false;
+  const SmallMoeDecode front = decode_small_moe(tmp.path, apart, 4);
+  const SmallMoeDecode held = decode_small_moe(tmp.path, CudaOptions{}, 4);
+  EXPECT_EQ(held.ops, front.ops);
+  expect_same_decode(held, front, 0.0, "the front held and recorded vs its own launch");
 }
 
 }  // namespace

@@ -113,7 +113,7 @@ void CudaBackend::rmsnorm_moe_route(const Tensor& x, const Tensor& norm_weight, 
       int64_t held_cols = 0;
       const bool foldable = options_.fold_moe_front && T == 1 && a.norm_weight && !a.router_bias &&
                             !a.route.selection_bias && a.route.n_expert <= cuda::kRouterSumsMaxExperts &&
-                            held_residual_add(&held_cols) == a.x;
+                            held_residual_add(&held_cols) == a.x && held_cols <= cuda::kRouterSumsMaxCols;
       if (foldable)
         pending_front_ = front;
       else

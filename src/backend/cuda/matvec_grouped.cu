@@ -125,9 +125,9 @@ bool glu_epilogue_fits(std::span<const MatvecPart> parts, const GluEpilogue& g) 
 // (two rows a task: the kernel's instances with the sums are those), the router and norm
 // weights and the sums given, at most kRouterSumsMaxExperts experts.
 bool router_sums_fit(int64_t cols, std::span<const MatvecPart> parts, const RouterSumsEpilogue& r) {
-  return cols % detail::kGroupElems == 0 && cols / detail::kGroupElems <= detail::kMaxPairGroups &&
-         parts.size() == 1 && parts[0].accumulate && r.router_t && r.norm_weight && r.sums && r.n_expert > 0 &&
-         r.n_expert <= kRouterSumsMaxExperts;
+  static_assert(kRouterSumsMaxCols == detail::kMaxPairGroups * detail::kGroupElems);
+  return cols % detail::kGroupElems == 0 && cols <= kRouterSumsMaxCols && parts.size() == 1 && parts[0].accumulate &&
+         r.router_t && r.norm_weight && r.sums && r.n_expert > 0 && r.n_expert <= kRouterSumsMaxExperts;
 }
 
 }  // namespace

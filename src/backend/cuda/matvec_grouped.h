@@ -57,6 +57,7 @@ struct MatvecPart {
 //    back to zero. Rows of at most 16 groups, at most kRouterSumsMaxExperts experts.
 enum class PairEpilogueKind : uint8_t { None, RopeStore, Glu, RouterSums };
 constexpr int kRouterSumsMaxExperts = 128;
+constexpr int64_t kRouterSumsMaxCols = 16 * 256;  // the product's width: rows of at most 16 groups
 struct RouterSumsEpilogue {
   const float* router_t = nullptr;     // [rows][n_expert]: the router transposed (row i: column i's weights)
   const float* norm_weight = nullptr;  // [rows]: the norm's weights, which the router's input carries
