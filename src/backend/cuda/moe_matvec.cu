@@ -602,7 +602,8 @@ Status moe_ffn_matvec(const MoeFfnArgs& a, bool exact, void* scratch, size_t scr
   if (a.front.sums && (exact || !detail::folded_front_fits(a)))
     return Status::invalid("moe_ffn: the folded front takes one token, experts in the row-tile layout, a width of "
                            "whole groups of 256 up to 4096, at most " + std::to_string(kRouterSumsMaxExperts) +
-                           " experts, aligned x and norm weights, and the route's ids and weights those of the FFN");
+                           " experts, no router or selection bias, aligned x and norm weights, and the route's ids "
+                           "and weights those of the FFN");
   const MatvecScratch s = plan_scratch(a, q8_gate_up, q8_down);
   if (!scratch || scratch_bytes < s.total || reinterpret_cast<uintptr_t>(scratch) % kAlignBytes != 0)
     return Status::invalid("moe_ffn: needs " + std::to_string(s.total) + " bytes of 256-byte aligned scratch, got " +
