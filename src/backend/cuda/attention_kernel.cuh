@@ -213,6 +213,7 @@ __global__ void __launch_bounds__(kThreads)
       q_s[i / D][i % D] = rounded_as<KV>(a.q[int64_t(seq) * a.q_stride + int64_t(head0 + i / D) * D + i % D]);
   }
   __syncthreads();
+  trace_stamp(1);  // trace builds: the queries (and the token's key) in shared memory
   // Each key group keeps a running softmax state per head over its keys: max m, sum l and
   // the unnormalized output (8 dims per lane). Loop bounds are uniform over the block so
   // that every lane takes part in the shuffles; keys past the range count as -inf.
@@ -282,6 +283,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
+
   // Key groups of one warp merge through shuffles, warps through shared memory.
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
@@ -337,6 +339,7 @@ __global__ void __launch_bounds__(kThreads)
       if (d == 0) rec[0] = mt, rec[1] = lt;
     }
   }
+  trace_stamp(3);  // thread 0's outputs (or its share of the records) written
   if constexpr (kCluster)
     merge_in_cluster<D, kHeads>(a, seq, head0, ranges_with_keys(a, pos, keys_per_split, n_splits), &red_s[0][0][0],
                                 &ml_s[0][0]);
