@@ -372,12 +372,13 @@ TEST(CudaDecodeAttention, PlanRegimes) {
     EXPECT_EQ(p.keys_per_split, w.keys);
     EXPECT_EQ(p.cluster, w.cluster && clusters);
     EXPECT_EQ(p.wide, w.wide);
-    if (!early_switch_set) EXPECT_TRUE(p.trigger_early);  // the kernel does not take the new token in
+    if (!early_switch_set) EXPECT_TRUE(p.trigger_early);
   }
+  // By default also where the kernel takes the new token in (Qwen3-style head norms).
   static const float any_key = 0.0f;  // the plan only asks whether the token is taken in
   a.new_token.k = &any_key;
   a.max_context = 100;
-  if (!early_switch_set) EXPECT_FALSE(plan_decode_attention(a).trigger_early);
+  if (!early_switch_set) EXPECT_TRUE(plan_decode_attention(a).trigger_early);
 }
 
 // A plan that leaves keys out, or a cluster too large, is refused before any launch.

@@ -80,11 +80,12 @@ bool decode_attention_clusters_available() {
 DecodeAttentionPlan plan_decode_attention(const DecodeAttentionArgs& a) {
   constexpr int kShortPlanSplits = 8;
   static const bool prefetch = !env_is("KILN_CUDA_ATTN_PREFETCH", "0");  // L2 prefetch before the wait
-  // KILN_CUDA_ATTN_EARLY_TRIGGER: 0 never, 1 always, else (2) only where the kernel does not
-  // take the new token in. Measured (docs/perf-notes.md, round 23): Llama-3-8B Q4_0 -16 us a
-  // step (rope and store in the q/k/v kernel), Q4_K_M unchanged; Qwen3-30B-A3B, whose head
-  // norms and rope run in this kernel, +6 to +10 us.
-  static const int early_mode = env_int("KILN_CUDA_ATTN_EARLY_TRIGGER", 2);
+  // KILN_CUDA_ATTN_EARLY_TRIGGER: 0 never, 1 always, 2 only where the kernel does not take
+  // the new token in. Measured (docs/perf-notes.md, round 23): Llama-3-8B Q4_0 -16 us a step
+  // (rope and store in the q/k/v kernel), Q4_K_M unchanged; Qwen3-30B-A3B, whose head norms and
+  // rope run in this kernel, +6 to +10 us then, but -10 us since its MoE front is folded
+  // (round 31): so always.
+  static const int early_mode = env_int("KILN_CUDA_ATTN_EARLY_TRIGGER", 1);
   // Knobs for measuring (KILN_CUDA_ATTN_WIDE_SPAN=0 turns the wide regime off).
   static const int wide_span = env_int("KILN_CUDA_ATTN_WIDE_SPAN", 256);
   static const int wide_heads = std::clamp(env_int("KILN_CUDA_ATTN_WIDE_HEADS", 1), 1, kMaxWideHeads);

@@ -799,6 +799,17 @@ inline Status refuse_interleaved(const GroupedSegments& seg, int64_t total_rows,
   return Status();
 }
 
+// Whether a two-stage launch that would fit twice its even share of blocks a multiprocessor is
+// capped at the share (below). KILN_CUDA_GROUPED_SPREAD (read once): unset, every launch but
+// those with the router sums; 0 none; 2 every launch, the router sums' too. The router sums'
+// product (Qwen3-30B-A3B's o since the MoE front is folded) is followed by the experts' gate /
+// up, whose blocks find room beside it when it is not capped: 1.5713 → 1.5255 ms a step
+// (docs/perf-notes.md, round 31).
+inline bool grouped_spread(PairEpilogueKind epilogue) {
+  static const int mode = env_int("KILN_CUDA_GROUPED_SPREAD", 1);
+  return mode == 2 || (mode != 0 && epilogue != PairEpilogueKind::RouterSums);
+}
+
 // The two-stage launch of `kernel` (launch_grouped's last case: where no other fits).
 template <auto kernel, typename Fmt, typename FmtB>
 Status launch_two_stage(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
@@ -813,11 +824,10 @@ Status launch_two_stage(const GroupedSegments& seg, int64_t total_rows, int64_t 
   // Where twice the even share of blocks or more would fit a multiprocessor, shared memory that
   // caps them at the share (occupancy.h): else a launch of fewer blocks than multiprocessors
   // (Qwen3-30B-A3B's o: 128 blocks, 2 fit) can run on half of them. -18 us a step there
-  // (docs/perf-notes.md, round 21). KILN_CUDA_GROUPED_SPREAD=0: never (read once).
-  static const bool spread = !env_is("KILN_CUDA_GROUPED_SPREAD", "0");
+  // (docs/perf-notes.md, round 21), before the router sums (grouped_spread).
   const int share = (grid + sms - 1) / sms;
   const size_t launch_smem =
-      spread && blocks_per_sm >= 2 * share
+      grouped_spread(ep.kind) && blocks_per_sm >= 2 * share
           ? spread_shared_bytes(reinterpret_cast<const void*>(kernel), kGroupedThreads, smem, share, kGroupedMaxSmem)
           : smem;
   launch_chained(kernel, grid, kGroupedThreads, launch_smem, stream, seg, w_row_bytes, second, int(total_rows),
