@@ -283,7 +283,6 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-
   // Key groups of one warp merge through shuffles, warps through shared memory.
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
