@@ -1,6 +1,7 @@
 // The MoE front folded into its neighbours: the RouterSums epilogue of the grouped int8 matvec
 // (backend/cuda/matvec_grouped.h) and the tiled experts' kernels that route from its sums
-// (backend/cuda/moe.h's MoeFoldedFront). Skips without a GPU.
+// (backend/cuda/moe.h's MoeFoldedFront). Skips without a GPU, but for the host check of its
+// launch.
 //
 //   - The epilogue: a product of one part accumulating into a residual (an attention output)
 //     over int8 x, q4_0 / q8_0 / q4_K / q6_K, in the block layout and the interleaved one,
@@ -9,6 +10,7 @@
 //     the double sum router[e][i] * g_i * h_i over the residual's new values h; the previous
 //     layer's sums (RouterSumsEpilogue::zero) all zero after it. 128, 72 and 8 experts.
 //   - What the epilogue refuses: f32 x, two parts, no residual, 17 groups, 129 experts.
+//   - Its launch is not capped at its even share of blocks a multiprocessor (grouped_spread).
 //   - A whole model: a small Qwen3-MoE Q4_K_M (kiln synth's mix, experts in the row-tile
 //     layout) decoded greedily with the front folded and as a launch of its own: the same
 //     tokens, every step's logits within 1e-5 relative L2, and one op fewer recorded a layer
@@ -17,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -139,6 +142,16 @@ TEST(CudaRouterSums, ProductsKeepTheirBitsAndTheSumsFollowTheDoubleSums) {
                           << scale << ")";
         }
       }
+}
+
+// The router sums' product is not capped at its even share of blocks a multiprocessor (the
+// experts' gate / up blocks that follow it find room beside it); other two-stage launches are.
+// Host logic: runs without a GPU too.
+TEST(CudaRouterSums, ProductIsNotCappedAtItsShare) {
+  if (std::getenv("KILN_CUDA_GROUPED_SPREAD")) GTEST_SKIP() << "KILN_CUDA_GROUPED_SPREAD is set";
+  EXPECT_FALSE(grouped_spread(PairEpilogueKind::RouterSums));
+  EXPECT_TRUE(grouped_spread(PairEpilogueKind::None));
+  EXPECT_TRUE(grouped_spread(PairEpilogueKind::Glu));
 }
 
 TEST(CudaRouterSums, LaunchesItCannotServeAreRefused) {

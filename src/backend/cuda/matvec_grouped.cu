@@ -141,6 +141,11 @@ bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const Pai
   return pair_epilogue_parts_fit(parts, ep);
 }
 
+bool grouped_spread(PairEpilogueKind epilogue) {
+  static const int mode = env_int("KILN_CUDA_GROUPED_SPREAD", 1);
+  return mode == 2 || (mode != 0 && epilogue != PairEpilogueKind::RouterSums);
+}
+
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                       const Q8Vector& xq) {
   return detail::aligned16(xq.qs) && detail::aligned16(xq.ds) && parts_weights_fit(type, cols, w_row_bytes, parts);

@@ -95,6 +95,14 @@ bool pair_epilogue_parts_fit(std::span<const MatvecPart> parts, const PairEpilog
 // stages.
 bool matvec_pairs_fit(int64_t cols, std::span<const MatvecPart> parts, const PairEpilogue& ep);
 
+// Whether a two-stage launch with this epilogue that would fit twice its even share of blocks
+// a multiprocessor is capped at the share (occupancy.h). KILN_CUDA_GROUPED_SPREAD (read once):
+// unset, every launch but those with the router sums; 0 none; 2 every launch, the router sums'
+// too. The router sums' product (Qwen3-30B-A3B's o since the MoE front is folded) is followed
+// by the experts' gate / up, whose blocks find room beside it when it is not capped: 1.5713 →
+// 1.5255 ms a step (docs/perf-notes.md, round 31).
+bool grouped_spread(PairEpilogueKind epilogue);
+
 bool matvec_parts_fit(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,
                       const Q8Vector& xq);
 Status matvec_q8_parts(GgmlType type, int64_t cols, int64_t w_row_bytes, std::span<const MatvecPart> parts,

@@ -799,17 +799,6 @@ inline Status refuse_interleaved(const GroupedSegments& seg, int64_t total_rows,
   return Status();
 }
 
-// Whether a two-stage launch that would fit twice its even share of blocks a multiprocessor is
-// capped at the share (below). KILN_CUDA_GROUPED_SPREAD (read once): unset, every launch but
-// those with the router sums; 0 none; 2 every launch, the router sums' too. The router sums'
-// product (Qwen3-30B-A3B's o since the MoE front is folded) is followed by the experts' gate /
-// up, whose blocks find room beside it when it is not capped: 1.5713 → 1.5255 ms a step
-// (docs/perf-notes.md, round 31).
-inline bool grouped_spread(PairEpilogueKind epilogue) {
-  static const int mode = env_int("KILN_CUDA_GROUPED_SPREAD", 1);
-  return mode == 2 || (mode != 0 && epilogue != PairEpilogueKind::RouterSums);
-}
-
 // The two-stage launch of `kernel` (launch_grouped's last case: where no other fits).
 template <auto kernel, typename Fmt, typename FmtB>
 Status launch_two_stage(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
