@@ -56,10 +56,11 @@ struct ExpertMatrix {
 // added each expert's router sum over the residual x into `sums` (matvec_grouped.h's
 // RouterSums epilogue: sums[e] = sum_i router[e][i] * norm_weight[i] * x_i). The logits are
 // sums[e] / rms(x); with no router or selection bias they rank as the sums do, so every gate /
-// up block ranks the experts from the sums alone (route_detail::rank_in_block), starts on its
-// weights, then normalizes and quantizes x into its shared memory; the block of slot 0's first
-// rows also computes rms(x), the routing's weights of `route` and writes them with the ids
-// (route.ids / route.weights: MoeFfnArgs::ids / weights). The down blocks rank the same way
+// up block ranks the experts from the sums alone (rank_by_sums in moe_tiled_decode.cu, through
+// route_detail::rank_chosen), starts on its weights, then normalizes and quantizes x into its
+// shared memory, which gives it rms(x); the block of slot 0's first rows also computes the
+// routing's weights of `route` and writes them with the ids (route.ids / route.weights:
+// MoeFfnArgs::ids / weights). The down blocks rank the same way
 // before their wait, so their first weights load early as before; they read the weights after
 // it. The sums are only read here: the next MoE layer's product sets them back to zero
 // (RouterSumsEpilogue::zero). One launch fewer a layer than the front of ops_extra.h's
