@@ -284,13 +284,17 @@ class CudaBackend final : public Backend {
   // The held product's residual where it is a matmul_add that can take the router sums (one
   // token, one part over int8 x), with its width; else null.
   const float* held_residual_add(int64_t* cols) const;
-  // Per router (by its data): the router transposed ([n_embd][n_expert] f32), made on the
-  // stream at its first use, and its sums (kRouterSumsMaxExperts doubles, zeroed at allocation;
-  // each fold's product sets the sums of the fold recorded before it back to zero:
-  // last_router_sums_).
-  std::vector<std::pair<const void*, std::unique_ptr<Buffer>>> router_transposes_, router_sums_;
-  const float* router_transposed(const Tensor& router);
-  double* router_sums_of(const Tensor& router);
+  // What the fold keeps per router (by its data): its sums (kRouterSumsMaxExperts doubles,
+  // zeroed at allocation; each fold's product sets the sums of the fold recorded before it back
+  // to zero: last_router_sums_), and the router transposed ([n_embd][n_expert] f32), made on the
+  // stream once a fold of it is sure to be recorded.
+  struct FoldedRouter {
+    const void* data = nullptr;
+    std::unique_ptr<Buffer> sums, transposed;
+  };
+  std::vector<FoldedRouter> folded_routers_;
+  FoldedRouter& folded_router(const Tensor& router);
+  const float* transposed_router(FoldedRouter& record, const Tensor& router);
   double* last_router_sums_ = nullptr;
   // Whatever is pending is recorded by this.
   void flush_pending();

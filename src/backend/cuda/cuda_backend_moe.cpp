@@ -145,7 +145,8 @@ bool CudaBackend::fold_pending_front(cuda::MoeFfnArgs& a) {
   const PendingFront& held = *pending_front_;
   const cuda::MoeNormRouteArgs& n = held.args;
   if (a.x != n.normed || a.ids != n.route.ids || a.weights != n.route.weights) return false;
-  double* sums = router_sums_of(held.router);
+  FoldedRouter& router = folded_router(held.router);
+  double* sums = static_cast<double*>(router.sums->data());
   // One MoE layer a pass: no other fold's product would set its sums back to zero.
   if (sums == last_router_sums_) return false;
   cuda::MoeFfnArgs folded = a;
@@ -156,7 +157,7 @@ bool CudaBackend::fold_pending_front(cuda::MoeFfnArgs& a) {
   if (!cuda::moe_folded_front_fits(folded)) return false;
   cuda::PairEpilogue ep;
   ep.kind = cuda::PairEpilogueKind::RouterSums;
-  ep.router.router_t = router_transposed(held.router);
+  ep.router.router_t = transposed_router(router, held.router);
   ep.router.norm_weight = n.norm_weight, ep.router.sums = sums, ep.router.n_expert = int(n.route.n_expert);
   ep.router.zero = last_router_sums_;
   cuda::SignatureHash sig;
@@ -169,25 +170,26 @@ bool CudaBackend::fold_pending_front(cuda::MoeFfnArgs& a) {
   return true;
 }
 
-double* CudaBackend::router_sums_of(const Tensor& router) {
-  for (const auto& [data, buffer] : router_sums_)
-    if (data == router.data) return static_cast<double*>(buffer->data());
-  router_sums_.emplace_back(router.data, allocate(size_t(cuda::kRouterSumsMaxExperts) * sizeof(double)));  // zeroed
-  return static_cast<double*>(router_sums_.back().second->data());
+CudaBackend::FoldedRouter& CudaBackend::folded_router(const Tensor& router) {
+  for (FoldedRouter& r : folded_routers_)
+    if (r.data == router.data) return r;
+  FoldedRouter& r = folded_routers_.emplace_back();
+  r.data = router.data;
+  r.sums = allocate(size_t(cuda::kRouterSumsMaxExperts) * sizeof(double));  // zeroed
+  return r;
 }
 
-const float* CudaBackend::router_transposed(const Tensor& router) {
-  for (const auto& [data, buffer] : router_transposes_)
-    if (data == router.data) return static_cast<const float*>(buffer->data());
-  const int64_t n_embd = router.ne[0], n_expert = router.ne[1];
-  std::unique_ptr<Buffer> buffer = allocate(size_t(n_embd * n_expert) * sizeof(float));
-  // On the stream now, outside any graph: the decode graphs that read it run after it.
-  if (const cuda::Status s = cuda::transpose_router(router.as<float>(), int64_t(router.nb[1] / 4), n_expert, n_embd,
-                                                    static_cast<float*>(buffer->data()), stream_);
-      !s.ok())
-    fail("cuda backend: the transposed router of {}: {}", router.name, s.message());
-  router_transposes_.emplace_back(router.data, std::move(buffer));
-  return static_cast<const float*>(router_transposes_.back().second->data());
+const float* CudaBackend::transposed_router(FoldedRouter& record, const Tensor& router) {
+  if (!record.transposed) {
+    const int64_t n_embd = router.ne[0], n_expert = router.ne[1];
+    record.transposed = allocate(size_t(n_embd * n_expert) * sizeof(float));
+    // On the stream now, outside any graph: the decode graphs that read it run after it.
+    if (const cuda::Status s = cuda::transpose_router(router.as<float>(), int64_t(router.nb[1] / 4), n_expert, n_embd,
+                                                      static_cast<float*>(record.transposed->data()), stream_);
+        !s.ok())
+      fail("cuda backend: the transposed router of {}: {}", router.name, s.message());
+  }
+  return static_cast<const float*>(record.transposed->data());
 }
 
 // KILN_CUDA_PREFILL_ROUTER=1: the prefill router product by router_logits (default: cuBLAS).
