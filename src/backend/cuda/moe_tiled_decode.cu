@@ -100,11 +100,11 @@ __device__ __forceinline__ const T* opaque(const T* p) {
 // sums[e] / rms(x) rank as the router sums themselves (1 / rms > 0; rounding may make two equal,
 // never swap them), so the slots are ranked from the sums alone: the gate / up blocks start on
 // their weights before x is read, and the down blocks repeat the ranking before their wait.
-// Every thread of the block calls it; slot_id / slot_score are complete when it returns.
+// Every thread of the block calls it; sums_s (kRouterSumsMaxExperts floats: the sums, rounded
+// to float) and slot_id / slot_score are complete when it returns.
 constexpr int kFoldedPerLane = kRouterSumsMaxExperts / kWarpSize;
-__device__ __forceinline__ void rank_by_sums(const MoeFfnArgs& a, int* slot_id, float* slot_score) {
+__device__ __forceinline__ void rank_by_sums(const MoeFfnArgs& a, float* sums_s, int* slot_id, float* slot_score) {
   static_assert(kRouterSumsMaxExperts <= kGroupedThreads / 2, "two threads an expert");
-  __shared__ float sums_s[kRouterSumsMaxExperts];
   if (threadIdx.x < a.n_expert) sums_s[threadIdx.x] = float(__ldcg(a.front.sums + threadIdx.x));
   route_detail::rank_chosen(int(a.n_expert), int(a.n_used), sums_s, sums_s, slot_id, slot_score);
 }
@@ -115,15 +115,17 @@ __device__ __forceinline__ int folded_expert(const MoeFfnArgs& a, const int* slo
   return e >= 0 && e < a.n_expert ? e : -1;
 }
 
-// The routing's weights from the logits sums[e] * inv (inv = 1 / rms(x)) and the ranked slots,
-// with the ids, where the down kernel reads them (route.ids / weights). Warp 0 of one block.
-__device__ __forceinline__ void write_folded_route(const MoeFfnArgs& a, const int* slot_id, float inv) {
+// The routing's weights from the logits sums_s[e] * inv (inv = 1 / rms(x); sums_s as
+// rank_by_sums left it) and the ranked slots, with the ids, where the down kernel reads them
+// (route.ids / weights). Warp 0 of one block.
+__device__ __forceinline__ void write_folded_route(const MoeFfnArgs& a, const float* sums_s, const int* slot_id,
+                                                   float inv) {
   __shared__ float score_s[kRouterSumsMaxExperts];
   const MoeRouteArgs& r = a.front.route;
   const int lane = threadIdx.x % kWarpSize;
   float score[kFoldedPerLane], choose[kFoldedPerLane];
   route_detail::route_scores<kFoldedPerLane>(
-      r, [&](int e) { return __fmul_rn(float(__ldcg(a.front.sums + e)), inv); }, score, choose);
+      r, [&](int e) { return __fmul_rn(sums_s[e], inv); }, score, choose);
 #pragma unroll
   for (int i = 0; i < kFoldedPerLane; ++i) score_s[lane + kWarpSize * i] = score[i];
   __syncwarp();
@@ -153,13 +155,14 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
   int e;
   F32Input in;  // folded: x, normed and quantized here
   float4 norm_w[kFolded ? kPairF32Steps : 1];
+  __shared__ float sums_s[kFolded ? kRouterSumsMaxExperts : 1];
   __shared__ int slot_id[kFolded ? route_detail::kMaxUsed : 1];
   __shared__ float slot_score[kFolded ? route_detail::kMaxUsed : 1];
   if constexpr (kFolded) {
     in.x = a.front.x, in.norm_weight = a.front.norm_weight, in.eps = a.front.eps;
     load_norm_weights<kPairF32Steps>(in, int(a.n_embd), norm_w);  // no kernel of the step writes them
     begin_chained_kernel();  // the router sums and x, from the kernel before
-    rank_by_sums(a, slot_id, slot_score);
+    rank_by_sums(a, sums_s, slot_id, slot_score);
     e = folded_expert(a, slot_id, j);
   } else {
     begin_chained_kernel();  // the ids and x's int8 copy, from the kernels before
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(kGateUpWarps * kWarpSize, 2)
   if constexpr (kFolded) {  // x normed and quantized while the first weights arrive
     const float inv = quantize_input_to_shared<kPairF32Steps>(in, int(a.n_embd), smem,
                                                               smem + groups * kXGroupBytes, norm_w);
-    if (blockIdx.x == 0 && j == 0 && warp == 0) write_folded_route(a, slot_id, inv);
+    if (blockIdx.x == 0 && j == 0 && warp == 0) write_folded_route(a, sums_s, slot_id, inv);
   } else {
     stage_q8_groups(smem, xq, t, 1, groups);
     cp_async_wait<0>();
@@ -243,6 +246,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize, kDownMinBlocks<Fmt>)
   const int items = int(a.n_used) * groups;
   const int first = warp * kDownItemLanes + q;
   constexpr int kStep = kDownWarps * kDownItemLanes;
+  __shared__ float sums_s[kFolded ? kRouterSumsMaxExperts : 1];
   __shared__ int slot_id[kFolded ? route_detail::kMaxUsed : 1];
   __shared__ float slot_score[kFolded ? route_detail::kMaxUsed : 1];
   auto address = [&](int i) {
@@ -254,7 +258,7 @@ __global__ void __launch_bounds__(kDownWarps * kWarpSize, kDownMinBlocks<Fmt>)
   // The ids were written two kernels back (folded: the sums they are ranked from): read before
   // the wait, with the first words.
   uint32_t g[group_words<Fmt>()];
-  if constexpr (kFolded) rank_by_sums(a, slot_id, slot_score);
+  if constexpr (kFolded) rank_by_sums(a, sums_s, slot_id, slot_score);
   load_words<Fmt>(g, address(first));
   begin_chained_kernel();
   stage_q8_groups(smem, hq, t * a.n_used, int(a.n_used), groups);
