@@ -824,6 +824,19 @@ Status launch_two_stage(const GroupedSegments& seg, int64_t total_rows, int64_t 
   return launch_status("matvec_grouped_kernel");
 }
 
+// `kernel` on as many blocks as the tasks need, at most its resident blocks (which loop over
+// the tasks); `what` names the launch in errors.
+template <auto kernel>
+Status launch_resident(const char* what, size_t smem, int64_t blocks_needed, const GroupedSegments& seg,
+                       int64_t total_rows, int64_t cols, int64_t w_row_bytes, const SecondFormat& second,
+                       const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep, cudaStream_t stream) {
+  int blocks_per_sm = 0, sms = 0;
+  if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
+  launch_chained(kernel, int(min64(blocks_needed, int64_t(blocks_per_sm) * sms)), kGroupedThreads, smem, stream, seg,
+                 w_row_bytes, second, int(total_rows), int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
+  return launch_status(what);
+}
+
 template <typename Fmt, typename FmtB, int kLanesPerRow, bool kFromF32>
 Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t cols, int64_t w_row_bytes,
                       const SecondFormat& second, const Q8Vector& xq, const F32Input& in, const PairEpilogue& ep,
@@ -842,20 +855,12 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
     const int64_t groups = cols / kGroupElems;
     if (w_row_bytes == groups * Fmt::kGroupBytes &&
         interleaved_segments(seg, total_rows, w_row_bytes, interleave_tile_rows(groups))) {
-      constexpr auto kernel = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0>;
       const size_t smem = grouped_smem_bytes<Fmt, FmtB>(cols, 0);
-      if constexpr (kRouterSumsInstance) {
-        if (router_sums) {
-          constexpr auto with_sums = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0, false, true>;
-          if (Status s = grouped_occupancy<with_sums>(smem, blocks_per_sm, sms); !s.ok()) return s;
-          launch_chained(with_sums, int(min64(blocks_needed, int64_t(blocks_per_sm) * sms)), kGroupedThreads, smem,
-                         stream, seg, w_row_bytes, second, int(total_rows), int(cols / kGroupElems), xq.qs, xq.ds, in,
-                         ep);
-          return launch_status("matvec_grouped_kernel (interleaved, router sums)");
-        }
-      }
-      if (Status s = grouped_occupancy<kernel>(smem, blocks_per_sm, sms); !s.ok()) return s;
-      const int grid = int(min64(blocks_needed, int64_t(blocks_per_sm) * sms));
+      if constexpr (kRouterSumsInstance)
+        if (router_sums)
+          return launch_resident<matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0, false, true>>(
+              "matvec_grouped_kernel (interleaved, router sums)", smem, blocks_needed, seg, total_rows, cols,
+              w_row_bytes, second, xq, in, ep, stream);
       if constexpr (std::is_same_v<Fmt, GroupQ4_0> && std::is_same_v<FmtB, Fmt> && !kFromF32) {
         if (const int cluster = q4_0_x_multicast_cluster(); cluster > 1) {
           constexpr auto clustered = matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0, true>;
@@ -870,9 +875,9 @@ Status launch_grouped(const GroupedSegments& seg, int64_t total_rows, int64_t co
           }
         }
       }
-      launch_chained(kernel, grid, kGroupedThreads, smem, stream, seg, w_row_bytes, second, int(total_rows),
-                     int(cols / kGroupElems), xq.qs, xq.ds, in, ep);
-      return launch_status("matvec_grouped_kernel (interleaved)");
+      return launch_resident<matvec_grouped_kernel<Fmt, FmtB, kLanesPerRow, kFromF32, 0>>(
+          "matvec_grouped_kernel (interleaved)", smem, blocks_needed, seg, total_rows, cols, w_row_bytes, second, xq,
+          in, ep, stream);
     }
   }
   // E.g. a q4_K part in the layout in a two-format launch.
