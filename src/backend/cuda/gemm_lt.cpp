@@ -3,10 +3,12 @@
 
 #include <cublasLt.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "backend/cuda/env_switch.h"
 
@@ -16,10 +18,13 @@ namespace {
 constexpr int kCandidates = 8;
 constexpr int kTimedRuns = 3;
 
-bool tuning_enabled() {
-  static const bool on = !env_is("KILN_CUDA_GEMM_TUNE", "0");
-  return on;
+// KILN_CUDA_GEMM_TUNE: 0 off (cublasGemmEx), 1 (the default) the fastest candidate of the
+// reference's bits, 2 the fastest candidate whatever its bits (runs may then differ).
+int tuning_mode() {
+  static const int mode = env_int("KILN_CUDA_GEMM_TUNE", 1);
+  return mode;
 }
+bool tuning_enabled() { return tuning_mode() != 0; }
 
 // The largest power of two (up to 256) that divides the address: part of the key, since
 // an algorithm may need aligned operands.
@@ -77,11 +82,19 @@ cublasStatus_t launch(cublasLtHandle_t handle, const Plan& plan, const cublasLtM
                         workspace, workspace_bytes, stream);
 }
 
-// Every candidate of the heuristic, timed on the real operands; the fastest is kept.
-void choose(cublasLtHandle_t handle, const LtProduct& p, Plan& plan, void* workspace, size_t workspace_bytes,
-            cudaStream_t stream) {
+// The product's rows x t outputs, packed, copied to the host (false: the copy failed).
+bool read_output(const LtProduct& p, std::vector<float>& out, cudaStream_t stream) {
+  out.resize(size_t(p.rows) * size_t(p.t));
+  return cudaMemcpy2DAsync(out.data(), size_t(p.rows) * 4, p.y, size_t(p.ldy) * 4, size_t(p.rows) * 4, size_t(p.t),
+                           cudaMemcpyDeviceToHost, stream) == cudaSuccess &&
+         cudaStreamSynchronize(stream) == cudaSuccess;
+}
+
+// The heuristic's candidates for the product, best first (at most kCandidates); 0 where none.
+int candidates(cublasLtHandle_t handle, const LtProduct& p, const Plan& plan, size_t workspace_bytes,
+               cublasLtMatmulHeuristicResult_t (&found)[kCandidates]) {
   cublasLtMatmulPreference_t pref = nullptr;
-  if (!ok(cublasLtMatmulPreferenceCreate(&pref))) return;
+  if (!ok(cublasLtMatmulPreferenceCreate(&pref))) return 0;
   const uint64_t ws = workspace_bytes;
   const uint32_t align_a = alignment(p.w), align_b = alignment(p.x), align_c = alignment(p.y);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
@@ -89,22 +102,48 @@ void choose(cublasLtHandle_t handle, const LtProduct& p, Plan& plan, void* works
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
-  cublasLtMatmulHeuristicResult_t found[kCandidates] = {};
   int n_found = 0;
   const bool listed = ok(cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.c, plan.c, pref,
                                                         kCandidates, found, &n_found));
   cublasLtMatmulPreferenceDestroy(pref);
-  if (!listed || n_found <= 0) return;
+  return listed ? n_found : 0;
+}
+
+// Whether candidate `c` can run with this workspace.
+bool runnable(const cublasLtMatmulHeuristicResult_t& c, size_t workspace_bytes) {
+  return ok(c.state) && c.workspaceSize <= workspace_bytes;
+}
+
+// Every candidate of the heuristic, timed on the real operands; the fastest is kept. Unless
+// KILN_CUDA_GEMM_TUNE=2, only candidates whose output has the bits of the first candidate that
+// runs (the heuristic's own choice, which does not depend on timing) are timed: algorithms
+// that split k or order its sums otherwise round differently, and a choice by timing among
+// them made two runs of one prompt differ (docs/perf-notes.md, round 32).
+void choose(cublasLtHandle_t handle, const LtProduct& p, Plan& plan, void* workspace, size_t workspace_bytes,
+            cudaStream_t stream) {
+  cublasLtMatmulHeuristicResult_t found[kCandidates] = {};
+  const int n_found = candidates(handle, p, plan, workspace_bytes, found);
+  if (n_found <= 0) return;
 
   cudaEvent_t start = nullptr, end = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&end) != cudaSuccess) {
     if (start) cudaEventDestroy(start);
     return;
   }
+  const bool same_bits = tuning_mode() != 2;
+  std::vector<float> reference, output;
   float best = 0.0f;
   for (int i = 0; i < n_found; ++i) {
-    if (!ok(found[i].state) || found[i].workspaceSize > workspace_bytes) continue;
+    if (!runnable(found[i], workspace_bytes)) continue;
     if (!ok(launch(handle, plan, found[i].algo, p, workspace, workspace_bytes, stream))) continue;  // warm-up
+    if (same_bits) {
+      const bool first = reference.empty();
+      if (!read_output(p, first ? reference : output, stream)) {
+        if (first) reference.clear();
+        continue;
+      }
+      if (!first && std::memcmp(output.data(), reference.data(), output.size() * sizeof(float)) != 0) continue;
+    }
     cudaEventRecord(start, stream);
     bool ran = true;
     for (int r = 0; r < kTimedRuns && ran; ++r)
@@ -125,6 +164,21 @@ void choose(cublasLtHandle_t handle, const LtProduct& p, Plan& plan, void* works
   cudaGetLastError();  // a failed candidate leaves nothing behind
 }
 
+// The registry's cuBLASLt handle, made at first use (false: it could not be). Under r.mutex.
+bool has_handle(Registry& r) {
+  if (!r.handle && !r.handle_failed) r.handle_failed = !ok(cublasLtCreate(&r.handle));
+  return !r.handle_failed;
+}
+
+// Frees a plan's descriptors (the registry's live as long as the process).
+void destroy(Plan& plan) {
+  if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
+  if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+  if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+  if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+  plan = Plan{};
+}
+
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
@@ -143,8 +197,7 @@ bool lt_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cud
   if (!tuning_enabled()) return false;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (!r.handle && !r.handle_failed) r.handle_failed = !ok(cublasLtCreate(&r.handle));
-  if (r.handle_failed) return false;
+  if (!has_handle(r)) return false;
   const Key key = key_of(p);
   auto it = r.plans.find(key);
   if (it == r.plans.end()) {
@@ -159,6 +212,24 @@ bool lt_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cud
   if (!ok(s))
     *status = Status::from_cuda(cudaErrorUnknown, std::string("gemm: cublasLtMatmul failed: ") + cublasGetStatusString(s));
   return true;
+}
+
+bool lt_first_candidate_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (!tuning_enabled()) return false;
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (!has_handle(r)) return false;
+  Plan plan;
+  bool launched = false;
+  if (describe(p, plan)) {
+    cublasLtMatmulHeuristicResult_t found[kCandidates] = {};
+    const int n_found = candidates(r.handle, p, plan, workspace_bytes, found);
+    for (int i = 0; i < n_found && !launched; ++i)
+      launched = runnable(found[i], workspace_bytes) &&
+                 ok(launch(r.handle, plan, found[i].algo, p, workspace, workspace_bytes, stream));
+  }
+  destroy(plan);
+  return launched;
 }
 
 }  // namespace kiln::cuda

@@ -6,10 +6,17 @@
 // +1% to +2% end to end on llama3-8b pp512 (docs/perf-notes.md, round 4). Timing the
 // candidates costs a few milliseconds per new shape, once per process.
 //
+// Only candidates that give the bits of the heuristic's first (which timing does not choose)
+// are taken, so the choice never changes a result: the same prompt gives the same logits in
+// every run. KILN_CUDA_GEMM_TUNE=2 takes the fastest whatever its bits.
+//
 // Column-major, as cuBLAS: Y (rows x t, ld ldy, f32) = W^T (W: k x rows, ld ldw) * X (k x t,
 // ld ldx), W and X of `type` (CUDA_R_16F or CUDA_R_16BF), f32 accumulation.
 //
 // The environment's KILN_CUDA_GEMM_TUNE=0 turns the path off (lt_product then declines).
+//
+// lt_first_candidate_product is the reference of the tests: the heuristic's first algorithm,
+// untimed.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -44,5 +51,10 @@ bool lt_planned(const LtProduct& p);
 // (nothing launched then: the caller uses cublasGemmEx). A failing launch of a chosen
 // algorithm is an error in *status.
 bool lt_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream, Status* status);
+
+// The product by the heuristic's first algorithm that launches, untimed and not remembered;
+// false where none launches (or the path is off). The bits every choice of lt_product gives,
+// unless KILN_CUDA_GEMM_TUNE=2.
+bool lt_first_candidate_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace kiln::cuda
