@@ -29,19 +29,15 @@ size_t x_copy_bytes(const GemmArgs& a) { return a.type == GgmlType::F32 ? 0 : x_
 Status product(cublasHandle_t blas, cudaDataType_t type, int64_t t, int64_t k, const void* w, int64_t ldw,
                int64_t rows, const void* x, int64_t ldx, float* y, int64_t ldy, void* workspace = nullptr,
                cudaStream_t stream = nullptr) {
-  if (workspace && t >= kMinTunedTokens && type != CUDA_R_32F) {
-    LtProduct p;
-    p.type = type, p.rows = rows, p.t = t, p.k = k, p.w = w, p.ldw = ldw, p.x = x, p.ldx = ldx, p.y = y, p.ldy = ldy;
-    Status status;
-    if (lt_product(p, workspace, kLtWorkspaceBytes, stream, &status)) return status;
-  }
-  const float alpha = 1.0f, beta = 0.0f;
   // Row-major Y[t][rows] = X W^T is column-major Y^T (rows x t) = W (rows x k, stored
   // column-major as k x rows, hence op T) times X^T (k x t).
-  return blas_status(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(t), int(k), &alpha, w, type,
-                                  int(ldw), x, type, int(ldx), &beta, y, CUDA_R_32F, int(ldy), CUBLAS_COMPUTE_32F,
-                                  CUBLAS_GEMM_DEFAULT),
-                     "cublasGemmEx");
+  LtProduct p;
+  p.type = type, p.rows = rows, p.t = t, p.k = k, p.w = w, p.ldw = ldw, p.x = x, p.ldx = ldx, p.y = y, p.ldy = ldy;
+  if (workspace && t >= kMinTunedTokens && type != CUDA_R_32F) {
+    Status status;
+    if (lt_product(p, blas, workspace, kLtWorkspaceBytes, stream, &status)) return status;
+  }
+  return blas_status(gemm_ex_product(blas, p), "cublasGemmEx");
 }
 Status product(const GemmArgs& a, cublasHandle_t blas, cudaDataType_t type, const void* w, int64_t ldw,
                int64_t rows, const void* x, int64_t ldx, float* y, void* workspace = nullptr,

@@ -18,8 +18,8 @@ namespace {
 constexpr int kCandidates = 8;
 constexpr int kTimedRuns = 3;
 
-// KILN_CUDA_GEMM_TUNE: 0 off (cublasGemmEx), 1 (the default) the fastest candidate of the
-// reference's bits, 2 the fastest candidate whatever its bits (runs may then differ).
+// KILN_CUDA_GEMM_TUNE: 0 off (cublasGemmEx), 1 (the default) the fastest candidate of
+// cublasGemmEx's bits, 2 the fastest candidate whatever its bits (runs may then differ).
 int tuning_mode() {
   static const int mode = env_int("KILN_CUDA_GEMM_TUNE", 1);
   return mode;
@@ -41,7 +41,8 @@ Key key_of(const LtProduct& p) {
   return Key{int(p.type), p.rows, p.t, p.k, p.ldw, p.ldx, p.ldy, alignment(p.w), alignment(p.x), alignment(p.y)};
 }
 
-// A shape's descriptors and the algorithm chosen for it (usable = false: none works).
+// A shape's descriptors and the algorithm chosen for it (usable = false: cublasGemmEx, which
+// was the fastest, or nothing could be timed).
 struct Plan {
   bool usable = false;
   cublasLtMatmulDesc_t desc = nullptr;
@@ -114,17 +115,22 @@ bool runnable(const cublasLtMatmulHeuristicResult_t& c, size_t workspace_bytes) 
   return ok(c.state) && c.workspaceSize <= workspace_bytes;
 }
 
-// Every candidate of the heuristic, timed on the real operands; the fastest is kept. Unless
-// KILN_CUDA_GEMM_TUNE=2, only candidates whose output has the bits of the first candidate that
-// runs (the heuristic's own choice, which does not depend on timing) are timed: algorithms
-// that split k or order its sums otherwise round differently, and a choice by timing among
-// them made two runs of one prompt differ (docs/perf-notes.md, round 32).
-void choose(cublasLtHandle_t handle, const LtProduct& p, Plan& plan, void* workspace, size_t workspace_bytes,
-            cudaStream_t stream) {
-  cublasLtMatmulHeuristicResult_t found[kCandidates] = {};
-  const int n_found = candidates(handle, p, plan, workspace_bytes, found);
-  if (n_found <= 0) return;
+// Times `run` (kTimedRuns launches on `stream`) into *ms; false where a launch or an event
+// failed.
+template <typename Run>
+bool time_runs(Run&& run, cudaStream_t stream, cudaEvent_t start, cudaEvent_t end, float* ms) {
+  if (cudaEventRecord(start, stream) != cudaSuccess) return false;
+  bool ran = true;
+  for (int r = 0; r < kTimedRuns && ran; ++r) ran = ok(run());
+  return ran && cudaEventRecord(end, stream) == cudaSuccess && cudaEventSynchronize(end) == cudaSuccess &&
+         cudaEventElapsedTime(ms, start, end) == cudaSuccess;
+}
 
+// cublasGemmEx, then every candidate of the heuristic whose output has its bits (any, with
+// KILN_CUDA_GEMM_TUNE=2), timed on the real operands; the fastest cuBLASLt candidate is kept
+// where it beats cublasGemmEx (plan.usable), else the plan says to call cublasGemmEx.
+void choose(cublasLtHandle_t handle, cublasHandle_t blas, const LtProduct& p, Plan& plan, void* workspace,
+            size_t workspace_bytes, cudaStream_t stream) {
   cudaEvent_t start = nullptr, end = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&end) != cudaSuccess) {
     if (start) cudaEventDestroy(start);
@@ -133,26 +139,19 @@ void choose(cublasLtHandle_t handle, const LtProduct& p, Plan& plan, void* works
   const bool same_bits = tuning_mode() != 2;
   std::vector<float> reference, output;
   float best = 0.0f;
+  const bool reference_ran = ok(gemm_ex_product(blas, p)) && (!same_bits || read_output(p, reference, stream)) &&
+                             time_runs([&] { return gemm_ex_product(blas, p); }, stream, start, end, &best);
+  cublasLtMatmulHeuristicResult_t found[kCandidates] = {};
+  const int n_found = reference_ran ? candidates(handle, p, plan, workspace_bytes, found) : 0;
   for (int i = 0; i < n_found; ++i) {
     if (!runnable(found[i], workspace_bytes)) continue;
-    if (!ok(launch(handle, plan, found[i].algo, p, workspace, workspace_bytes, stream))) continue;  // warm-up
-    if (same_bits) {
-      const bool first = reference.empty();
-      if (!read_output(p, first ? reference : output, stream)) {
-        if (first) reference.clear();
-        continue;
-      }
-      if (!first && std::memcmp(output.data(), reference.data(), output.size() * sizeof(float)) != 0) continue;
-    }
-    cudaEventRecord(start, stream);
-    bool ran = true;
-    for (int r = 0; r < kTimedRuns && ran; ++r)
-      ran = ok(launch(handle, plan, found[i].algo, p, workspace, workspace_bytes, stream));
-    cudaEventRecord(end, stream);
-    float ms = 0.0f;
-    if (!ran || cudaEventSynchronize(end) != cudaSuccess || cudaEventElapsedTime(&ms, start, end) != cudaSuccess)
+    auto run = [&] { return launch(handle, plan, found[i].algo, p, workspace, workspace_bytes, stream); };
+    if (!ok(run())) continue;  // warm-up, its output checked
+    if (same_bits && (!read_output(p, output, stream) ||
+                      std::memcmp(output.data(), reference.data(), output.size() * sizeof(float)) != 0))
       continue;
-    if (!plan.usable || ms < best) {
+    float ms = 0.0f;
+    if (time_runs(run, stream, start, end, &ms) && ms < best) {
       best = ms;
       plan.algo = found[i].algo;
       plan.workspace = found[i].workspaceSize;
@@ -170,15 +169,6 @@ bool has_handle(Registry& r) {
   return !r.handle_failed;
 }
 
-// Frees a plan's descriptors (the registry's live as long as the process).
-void destroy(Plan& plan) {
-  if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
-  if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
-  if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
-  if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
-  plan = Plan{};
-}
-
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
@@ -193,7 +183,15 @@ bool lt_planned(const LtProduct& p) {
   return r.plans.count(key_of(p)) != 0;
 }
 
-bool lt_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream, Status* status) {
+cublasStatus_t gemm_ex_product(cublasHandle_t blas, const LtProduct& p) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(p.rows), int(p.t), int(p.k), &alpha, p.w, p.type, int(p.ldw),
+                      p.x, p.type, int(p.ldx), &beta, p.y, CUDA_R_32F, int(p.ldy), CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+}
+
+bool lt_product(const LtProduct& p, cublasHandle_t blas, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                Status* status) {
   if (!tuning_enabled()) return false;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -203,7 +201,7 @@ bool lt_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cud
   if (it == r.plans.end()) {
     if (capturing(stream)) return false;  // no timing inside a graph capture
     Plan plan;
-    if (describe(p, plan)) choose(r.handle, p, plan, workspace, workspace_bytes, stream);
+    if (describe(p, plan)) choose(r.handle, blas, p, plan, workspace, workspace_bytes, stream);
     it = r.plans.emplace(key, plan).first;
   }
   const Plan& plan = it->second;
@@ -212,24 +210,6 @@ bool lt_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cud
   if (!ok(s))
     *status = Status::from_cuda(cudaErrorUnknown, std::string("gemm: cublasLtMatmul failed: ") + cublasGetStatusString(s));
   return true;
-}
-
-bool lt_first_candidate_product(const LtProduct& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  if (!tuning_enabled()) return false;
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  if (!has_handle(r)) return false;
-  Plan plan;
-  bool launched = false;
-  if (describe(p, plan)) {
-    cublasLtMatmulHeuristicResult_t found[kCandidates] = {};
-    const int n_found = candidates(r.handle, p, plan, workspace_bytes, found);
-    for (int i = 0; i < n_found && !launched; ++i)
-      launched = runnable(found[i], workspace_bytes) &&
-                 ok(launch(r.handle, plan, found[i].algo, p, workspace, workspace_bytes, stream));
-  }
-  destroy(plan);
-  return launched;
 }
 
 }  // namespace kiln::cuda
