@@ -27,7 +27,7 @@ struct LtCase {
 uint16_t to_half_bits(cudaDataType_t type, float v) { return type == CUDA_R_16F ? f32_to_f16(v) : f32_to_bf16(v); }
 float from_half_bits(cudaDataType_t type, uint16_t v) { return type == CUDA_R_16F ? f16_to_f32(v) : bf16_to_f32(v); }
 
-TEST(CudaGemmLt, TimedChoiceKeepsTheHeuristicsBits) {
+TEST(CudaGemmLt, TimedChoiceKeepsGemmExBits) {
   KILN_REQUIRE_GPU();
   // KILN_CUDA_GEMM_TUNE=2 gives the property up (any candidate): this test then fails where a
   // candidate of other bits is the fastest.

@@ -3,9 +3,11 @@
 // the first product of each shape (and pointer alignment) runs cublasGemmEx with cuBLAS's own
 // choice and every candidate that the cuBLASLt heuristic offers (up to 8) three times on the
 // real operands, and keeps the fastest; later products of that shape launch it directly.
-// Against cublasGemmEx alone this measured +1% to +2% end to end on llama3-8b pp512
-// (docs/perf-notes.md, round 4). Timing the candidates costs a few milliseconds per new shape,
-// once per process.
+// Against cublasGemmEx alone this measured +1% to +2% end to end on llama3-8b pp512 when any
+// candidate could win (docs/perf-notes.md, round 4); with the bits kept (below), within the
+// spread of cublasGemmEx alone (round 32). Timing the candidates, and copying each one's output
+// to the host to compare its bits, costs a few to tens of milliseconds per new shape, once per
+// process.
 //
 // Only candidates whose output has cublasGemmEx's bits are timed, so the choice never changes
 // a result: two runs of one prompt give the same logits, and so does KILN_CUDA_GEMM_TUNE=0
