@@ -163,12 +163,6 @@ void choose(cublasLtHandle_t handle, cublasHandle_t blas, const LtProduct& p, Pl
   cudaGetLastError();  // a failed candidate leaves nothing behind
 }
 
-// The registry's cuBLASLt handle, made at first use (false: it could not be). Under r.mutex.
-bool has_handle(Registry& r) {
-  if (!r.handle && !r.handle_failed) r.handle_failed = !ok(cublasLtCreate(&r.handle));
-  return !r.handle_failed;
-}
-
 bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
@@ -195,7 +189,8 @@ bool lt_product(const LtProduct& p, cublasHandle_t blas, void* workspace, size_t
   if (!tuning_enabled()) return false;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (!has_handle(r)) return false;
+  if (!r.handle && !r.handle_failed) r.handle_failed = !ok(cublasLtCreate(&r.handle));
+  if (r.handle_failed) return false;
   const Key key = key_of(p);
   auto it = r.plans.find(key);
   if (it == r.plans.end()) {
