@@ -3,7 +3,9 @@
 // heads, 4 k heads of 128, neox, q/k norms, f16 cache), head_dim 64 with adjacent pairs and
 // partial rotation (n_rot 32) and an f32 cache, head_dim 256 without norms; token counts 37,
 // 19 and 11; q rows wider than their heads, v rows padded; positions out of order; one token
-// with slot -1 (its cache rows must stay untouched, its q and k still rotated). Angles come
+// with slot -1 (its cache rows must stay untouched, its q and k still rotated); Llama-3's
+// shape with k rows wider than their heads too (the joined prefill layout, where q, k and v
+// are column ranges of one buffer) and no norms. Angles come
 // from rope_table (checked here too, against double). Cache slots no token owns keep their
 // poison. Skips without a GPU.
 #include <gtest/gtest.h>
@@ -24,6 +26,7 @@ struct RowsCase {
   int n_rot;
   bool neox, norms, f16_cache;
   float freq_base, freq_scale;
+  int64_t k_pad = 0;  // floats after each token's k heads
 };
 
 // Token t's angles as rope_angles() defines them (no YaRN), in double.
@@ -66,14 +69,16 @@ TEST(CudaRopeStoreRows, MatchesDoubleReference) {
   std::mt19937_64 rng(20261203);
   const RowsCase cases[] = {{37, 32, 4, 128, 128, true, true, true, 1e6f, 1.0f},
                             {19, 5, 1, 64, 32, false, true, false, 1e4f, 0.5f},
-                            {11, 3, 2, 256, 256, true, false, true, 1e4f, 1.0f}};
+                            {11, 3, 2, 256, 256, true, false, true, 1e4f, 1.0f},
+                            {23, 32, 8, 128, 128, false, false, true, 5e5f, 1.0f, 1024 + 12}};
   const float eps = 1e-6f;
   for (const RowsCase& c : cases) {
     const std::string what = "rope_store_rows T " + std::to_string(c.T) + " heads " + std::to_string(c.nq) + "/" +
                              std::to_string(c.nk) + " dim " + std::to_string(c.dim) + " n_rot " +
                              std::to_string(c.n_rot) + (c.neox ? " neox" : " pairs") + (c.norms ? " norms" : "") +
-                             (c.f16_cache ? " f16" : " f32");
-    const int64_t D = c.dim, q_stride = c.nq * D + 8, k_stride = c.nk * D, v_width = c.nk * D,
+                             (c.f16_cache ? " f16" : " f32") + (c.k_pad ? " k rows padded" : "");
+    const int64_t D = c.dim, q_stride = c.nq * D + 8, k_width = c.nk * D, k_stride = k_width + c.k_pad,
+                  v_width = c.nk * D,
                   v_stride = v_width + 4;
     const int64_t n_slots = c.T + 5, elem = c.f16_cache ? 2 : 4;
     const std::vector<float> q = random_floats(rng, size_t(c.T * q_stride), -3.0f, 3.0f);
@@ -91,7 +96,7 @@ TEST(CudaRopeStoreRows, MatchesDoubleReference) {
 
     DeviceBuffer d_q = to_device(q), d_k = to_device(k), d_v = to_device(v), d_qw = to_device(qw),
                  d_kw = to_device(kw), d_pos = to_device(pos), d_slots = to_device(slots);
-    DeviceBuffer d_cache_k(size_t(n_slots * k_stride * elem)), d_cache_v(size_t(n_slots * v_width * elem));
+    DeviceBuffer d_cache_k(size_t(n_slots * k_width * elem)), d_cache_v(size_t(n_slots * v_width * elem));
     DeviceBuffer d_table(size_t(c.T * c.n_rot) * 4);
     d_cache_k.poison(), d_cache_v.poison();
 
@@ -103,11 +108,11 @@ TEST(CudaRopeStoreRows, MatchesDoubleReference) {
     RopeArgs ka = qa;
     ka.x = d_k.as<float>(), ka.token_stride = k_stride, ka.n_heads = c.nk;
     KvStoreArgs st;
-    st.k = ka.x, st.k_stride = k_stride, st.k_width = c.nk * D;
+    st.k = ka.x, st.k_stride = k_stride, st.k_width = k_width;
     st.v = d_v.as<float>(), st.v_stride = v_stride, st.v_width = v_width;
     st.cache_k = d_cache_k.as(), st.cache_v = d_cache_v.as();
     st.cache_type = c.f16_cache ? GgmlType::F16 : GgmlType::F32;
-    st.cache_k_stride = k_stride, st.cache_v_stride = v_width, st.n_slots = n_slots;
+    st.cache_k_stride = k_width, st.cache_v_stride = v_width, st.n_slots = n_slots;
     st.slots = d_slots.as<int32_t>(), st.n_tokens = c.T;
     HeadNorms norms;
     if (c.norms) norms.q = d_qw.as<float>(), norms.k = d_kw.as<float>(), norms.eps = eps;
@@ -118,7 +123,7 @@ TEST(CudaRopeStoreRows, MatchesDoubleReference) {
 
     const std::vector<float> table = to_host<float>(d_table, size_t(c.T * c.n_rot));
     const std::vector<float> q_got = to_host<float>(d_q, q.size()), k_got = to_host<float>(d_k, k.size());
-    const std::vector<uint8_t> ck = to_host<uint8_t>(d_cache_k, size_t(n_slots * k_stride * elem));
+    const std::vector<uint8_t> ck = to_host<uint8_t>(d_cache_k, size_t(n_slots * k_width * elem));
     const std::vector<uint8_t> cv = to_host<uint8_t>(d_cache_v, size_t(n_slots * v_width * elem));
     auto cache_value = [&](const std::vector<uint8_t>& cache, int64_t index) {
       if (c.f16_cache) {
@@ -157,14 +162,17 @@ TEST(CudaRopeStoreRows, MatchesDoubleReference) {
           k_cmp.push_back(k_got[size_t(t * k_stride + h * D + d)]), k_ref.push_back(out[size_t(d)]);
           k_tol.push_back(tol[size_t(d)]);
           if (slot < 0) continue;
-          ck_cmp.push_back(cache_value(ck, slot * k_stride + h * D + d)), ck_ref.push_back(out[size_t(d)]);
+          ck_cmp.push_back(cache_value(ck, slot * k_width + h * D + d)), ck_ref.push_back(out[size_t(d)]);
           ck_tol.push_back(tol[size_t(d)] + (c.f16_cache ? std::ldexp(std::fabs(out[size_t(d)]), -11) + 1e-7 : 0.0));
         }
       }
-      // q's padding after its heads is not touched.
+      // q's and k's padding after their heads is not touched.
       for (int64_t i = c.nq * D; i < q_stride; ++i)
         ASSERT_EQ(std::memcmp(&q_got[size_t(t * q_stride + i)], &q[size_t(t * q_stride + i)], 4), 0)
             << what << ": q padding of token " << t << " written";
+      for (int64_t i = k_width; i < k_stride; ++i)
+        ASSERT_EQ(std::memcmp(&k_got[size_t(t * k_stride + i)], &k[size_t(t * k_stride + i)], 4), 0)
+            << what << ": k padding of token " << t << " written";
       if (slot < 0) continue;
       for (int64_t i = 0; i < v_width; ++i) {
         const float value = v[size_t(t * v_stride + i)];
@@ -181,8 +189,8 @@ TEST(CudaRopeStoreRows, MatchesDoubleReference) {
       bool owned = false;
       for (int32_t o : slots) owned = owned || o == s;
       if (owned) continue;
-      for (int64_t i = 0; i < k_stride * elem; ++i)
-        ASSERT_EQ(ck[size_t(s * k_stride * elem + i)], 0xFF) << what << ": cache k slot " << s << " written";
+      for (int64_t i = 0; i < k_width * elem; ++i)
+        ASSERT_EQ(ck[size_t(s * k_width * elem + i)], 0xFF) << what << ": cache k slot " << s << " written";
       for (int64_t i = 0; i < v_width * elem; ++i)
         ASSERT_EQ(cv[size_t(s * v_width * elem + i)], 0xFF) << what << ": cache v slot " << s << " written";
     }
