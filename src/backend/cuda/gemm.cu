@@ -18,7 +18,8 @@ Status blas_status(cublasStatus_t s, const char* what) {
   return Status::from_cuda(cudaErrorUnknown, std::string("gemm: ") + what + " failed: " + cublasGetStatusString(s));
 }
 
-// Products of more rows than a decode batch take the timed cuBLASLt algorithms (gemm_lt.h).
+// Products of more rows than a decode batch may take the timed cuBLASLt algorithms (gemm_lt.h,
+// off by default).
 constexpr int64_t kMinTunedTokens = 9;
 
 // X (f32) -> the half type of the product, packed rows of k; then the cuBLASLt workspace.

@@ -4,8 +4,9 @@
 //   Y[t][n] = sum_k X[t][k] * W[n][k]        X f32 [T, K], W [N, K] of any supported type
 //
 // f16 / bf16 weights: X is rounded to the weights' type, then one product with f32
-// accumulation and f32 output: above 8 rows through cuBLASLt with a timed algorithm choice
-// (gemm_lt.h; the scratch holds its workspace), else cublasGemmEx. f32 weights: a plain f32
+// accumulation and f32 output by cublasGemmEx (above 8 rows, with KILN_CUDA_GEMM_TUNE on,
+// through cuBLASLt with a timed algorithm choice: gemm_lt.h; the scratch holds its
+// workspace). f32 weights: a plain f32
 // cuBLAS product (no TF32).
 // Quantized weights (v1): W is dequantized to bf16 in slabs of rows into the scratch buffer,
 // then each slab is one bf16 GEMM. This reads the quantized weight once and writes and
@@ -61,8 +62,9 @@ Status gemm(const GemmArgs& args, cublasHandle_t blas, void* scratch, size_t scr
 // X is rounded to the half type once for all parts, quantized weights are dequantized into
 // one slab holding every part's rows, and the products run on the lanes' streams (side by
 // side when there are several lanes; measured slower than one lane on an H200, see
-// cuda_backend_prefill.cpp). Same rounding as gemm(). Products of more than 8 rows take
-// the timed cuBLASLt algorithms (gemm_lt.h), each lane with its own workspace.
+// cuda_backend_prefill.cpp). Same rounding as gemm(). With KILN_CUDA_GEMM_TUNE on, products
+// of more than 8 rows take the timed cuBLASLt algorithms (gemm_lt.h), each lane with its own
+// workspace.
 struct GemmPart {
   const void* w = nullptr;  // n rows, row i at (uint8_t*)w + i * w_row_bytes
   int64_t n = 0;

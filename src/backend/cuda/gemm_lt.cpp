@@ -18,14 +18,6 @@ namespace {
 constexpr int kCandidates = 8;
 constexpr int kTimedRuns = 3;
 
-// KILN_CUDA_GEMM_TUNE: 0 off (cublasGemmEx), 1 (the default) the fastest candidate of
-// cublasGemmEx's bits, 2 the fastest candidate whatever its bits (runs may then differ).
-int tuning_mode() {
-  static const int mode = env_int("KILN_CUDA_GEMM_TUNE", 1);
-  return mode;
-}
-bool tuning_enabled() { return tuning_mode() != 0; }
-
 // The largest power of two (up to 256) that divides the address: part of the key, since
 // an algorithm may need aligned operands.
 uint32_t alignment(const void* p) {
@@ -35,10 +27,11 @@ uint32_t alignment(const void* p) {
   return align;
 }
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
+// The mode is part of the key: a plan chosen under one mode is never used under another.
+using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>;
 
-Key key_of(const LtProduct& p) {
-  return Key{int(p.type), p.rows, p.t, p.k, p.ldw, p.ldx, p.ldy, alignment(p.w), alignment(p.x), alignment(p.y)};
+Key key_of(const LtProduct& p, int mode) {
+  return Key{mode, int(p.type), p.rows, p.t, p.k, p.ldw, p.ldx, p.ldy, alignment(p.w), alignment(p.x), alignment(p.y)};
 }
 
 // A shape's descriptors and the algorithm chosen for it (usable = false: cublasGemmEx, which
@@ -53,6 +46,8 @@ struct Plan {
 
 struct Registry {
   std::mutex mutex;
+  // KILN_CUDA_GEMM_TUNE (see gemm_lt.h), read once; set_gemm_tuning_mode changes it.
+  int mode = env_int("KILN_CUDA_GEMM_TUNE", 0);
   cublasLtHandle_t handle = nullptr;
   bool handle_failed = false;
   std::map<Key, Plan> plans;
@@ -129,14 +124,14 @@ bool time_runs(Run&& run, cudaStream_t stream, cudaEvent_t start, cudaEvent_t en
 // cublasGemmEx, then every candidate of the heuristic whose output has its bits (any, with
 // KILN_CUDA_GEMM_TUNE=2), timed on the real operands; the fastest cuBLASLt candidate is kept
 // where it beats cublasGemmEx (plan.usable), else the plan says to call cublasGemmEx.
-void choose(cublasLtHandle_t handle, cublasHandle_t blas, const LtProduct& p, Plan& plan, void* workspace,
+void choose(cublasLtHandle_t handle, cublasHandle_t blas, const LtProduct& p, int mode, Plan& plan, void* workspace,
             size_t workspace_bytes, cudaStream_t stream) {
   cudaEvent_t start = nullptr, end = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&end) != cudaSuccess) {
     if (start) cudaEventDestroy(start);
     return;
   }
-  const bool same_bits = tuning_mode() != 2;
+  const bool same_bits = mode != 2;
   std::vector<float> reference, output;
   float best = 0.0f;
   const bool reference_ran = ok(gemm_ex_product(blas, p)) && (!same_bits || read_output(p, reference, stream)) &&
@@ -170,11 +165,22 @@ bool capturing(cudaStream_t stream) {
 
 }  // namespace
 
-bool lt_planned(const LtProduct& p) {
-  if (!tuning_enabled()) return true;
+int gemm_tuning_mode() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  return r.plans.count(key_of(p)) != 0;
+  return r.mode;
+}
+
+void set_gemm_tuning_mode(int mode) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.mode = mode;
+}
+
+bool lt_planned(const LtProduct& p) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.mode == 0 || r.plans.count(key_of(p, r.mode)) != 0;
 }
 
 cublasStatus_t gemm_ex_product(cublasHandle_t blas, const LtProduct& p) {
@@ -186,17 +192,17 @@ cublasStatus_t gemm_ex_product(cublasHandle_t blas, const LtProduct& p) {
 
 bool lt_product(const LtProduct& p, cublasHandle_t blas, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                 Status* status) {
-  if (!tuning_enabled()) return false;
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.mode == 0) return false;
   if (!r.handle && !r.handle_failed) r.handle_failed = !ok(cublasLtCreate(&r.handle));
   if (r.handle_failed) return false;
-  const Key key = key_of(p);
+  const Key key = key_of(p, r.mode);
   auto it = r.plans.find(key);
   if (it == r.plans.end()) {
     if (capturing(stream)) return false;  // no timing inside a graph capture
     Plan plan;
-    if (describe(p, plan)) choose(r.handle, blas, p, plan, workspace, workspace_bytes, stream);
+    if (describe(p, plan)) choose(r.handle, blas, p, r.mode, plan, workspace, workspace_bytes, stream);
     it = r.plans.emplace(key, plan).first;
   }
   const Plan& plan = it->second;

@@ -1,22 +1,21 @@
 #pragma once
-// Prefill products in half precision through cuBLASLt, with the algorithm picked by timing:
-// the first product of each shape (and pointer alignment) runs cublasGemmEx with cuBLAS's own
-// choice and every candidate that the cuBLASLt heuristic offers (up to 8) three times on the
-// real operands, and keeps the fastest; later products of that shape launch it directly.
-// Against cublasGemmEx alone this measured +1% to +2% end to end on llama3-8b pp512 when any
-// candidate could win (docs/perf-notes.md, round 4); with the bits kept (below), within the
-// spread of cublasGemmEx alone (round 32). Timing the candidates, and copying each one's output
-// to the host to compare its bits, costs a few to tens of milliseconds per new shape, once per
-// process.
+// Prefill products in half precision through cuBLASLt, with the algorithm picked by timing
+// (off by default: KILN_CUDA_GEMM_TUNE=1 or 2 turns it on). The first product of each shape
+// (and pointer alignment) runs cublasGemmEx with cuBLAS's own choice and every candidate that
+// the cuBLASLt heuristic offers (up to 8) three times on the real operands, and keeps the
+// fastest; later products of that shape launch it directly.
 //
-// Only candidates whose output has cublasGemmEx's bits are timed, so the choice never changes
-// a result: two runs of one prompt give the same logits, and so does KILN_CUDA_GEMM_TUNE=0
-// (cublasGemmEx alone). Candidates that split k or order its sums otherwise round differently;
-// a choice by timing among them made runs differ (docs/perf-notes.md, round 32).
-// KILN_CUDA_GEMM_TUNE=2 takes the fastest whatever its bits.
+// Why off: with any candidate allowed (mode 2) it measured +1% to +2% on llama3-8b pp512
+// (docs/perf-notes.md, round 4), but such candidates round differently from cublasGemmEx and
+// a choice by timing among them made two runs of one prompt give other logits (round 32).
+// Keeping only candidates with cublasGemmEx's bits (mode 1) measured within the spread of
+// cublasGemmEx alone (rounds 32 and 33), while each new shape, and so each new prompt length,
+// paid the timing and the bit comparison's host copies: ~0.13 s for a 512-token Llama-3-8B
+// prefill's first pass (round 33).
 //
-// Column-major, as cuBLAS: Y (rows x t, ld ldy, f32) = W^T (W: k x rows, ld ldw) * X (k x t,
-// ld ldx), W and X of `type` (CUDA_R_16F or CUDA_R_16BF), f32 accumulation.
+// Mode 1 times only candidates whose output has cublasGemmEx's bits, so the choice never
+// changes a result; mode 2 takes the fastest whatever its bits.
+//
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -41,7 +40,13 @@ struct LtProduct {
 // Workspace each concurrent product needs (split-K algorithms keep partial sums there).
 inline constexpr size_t kLtWorkspaceBytes = size_t(8) << 20;
 
-// Whether the tuned path is on and this shape already has its algorithm (or is known to
+// The tuning mode: KILN_CUDA_GEMM_TUNE (0 off, the default; 1 cublasGemmEx's bits; 2 any
+// bits) until set_gemm_tuning_mode (for tests) changes it for the process. Plans are kept per
+// mode.
+int gemm_tuning_mode();
+void set_gemm_tuning_mode(int mode);
+
+// Whether the tuned path is off, or this shape already has its algorithm (or is known to
 // have none): a product of an untimed shape times candidates, so callers that run products
 // side by side run them one after the other until every shape is timed.
 bool lt_planned(const LtProduct& p);
@@ -51,7 +56,7 @@ bool lt_planned(const LtProduct& p);
 cublasStatus_t gemm_ex_product(cublasHandle_t blas, const LtProduct& p);
 
 // Launches the product on `stream` (which `blas` is set to) by the chosen algorithm and
-// returns true; false when the path is off (KILN_CUDA_GEMM_TUNE=0), cublasGemmEx was the
+// returns true; false when the path is off (mode 0), cublasGemmEx was the
 // fastest, the stream is being captured into a graph before the shape was timed, or nothing
 // could be timed (nothing launched then: the caller runs gemm_ex_product). A failing launch of
 // a chosen algorithm is an error in *status.
