@@ -118,7 +118,9 @@ INSTANTIATE_TEST_SUITE_P(
 // Several parts over one X (gemm_parts): q/k/v-like widths on three lanes (side streams with
 // their own handles), against the same double-precision reference as a single product;
 // and on one lane (the caller's stream only). Two rounds: the first times the algorithms
-// of new shapes and runs the parts one after the other, the second runs them side by side.
+// of new shapes and runs the parts one after the other, the second runs them side by side;
+// a third reads X already rounded (GemmPartsArgs::x_half, as a prefill norm leaves it) and
+// must give the second's bits.
 // Joined cases: the weights one after the other in one buffer and the outputs neighbouring
 // columns of one Y (q/k/v as a prefill lays them out), so gemm_parts runs one product of
 // all rows; the columns past the last part must stay as they were.
@@ -191,10 +193,19 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
   a.parts = parts;
   DeviceBuffer scratch(gemm_parts_scratch_bytes(a));
   scratch.poison();
+  std::vector<uint16_t> x_rounded;  // packed rows of k, f16 for f16 weights, else bf16
+  for (int64_t j = 0; j < c.t; ++j)
+    for (int64_t kk = 0; kk < c.k; ++kk) {
+      const float v = x[size_t(j * x_stride + kk)];
+      x_rounded.push_back(c.type == GgmlType::F16 ? f32_to_f16(v) : f32_to_bf16(v));
+    }
+  const DeviceBuffer x_half_d = to_device(x_rounded);
   std::vector<float> wrow(size_t(c.k));
-  for (int round = 0; round < 2; ++round) {
+  std::vector<std::vector<float>> second(3);  // round 1's outputs
+  for (int round = 0; round < 3; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     for (const DeviceBuffer& y : y_d) y.poison();
+    if (round == 2) a.x = nullptr, a.x_half = x_half_d.as();
     KILN_STATUS_OK(gemm_parts(a, lanes, scratch.as(), scratch.bytes()));
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(lanes.stream[0]));  // lane 0 has joined the others
     if (c.joined) {  // the five columns past the parts are untouched (still poison)
@@ -209,6 +220,9 @@ TEST_P(GemmPartsTest, EachPartMatchesReference) {
       const int64_t n = widths[i], y_stride = c.joined ? all_rows + 5 : n + 5;
       const DeviceBuffer& y_buf = y_d[c.joined ? 0 : size_t(i)];
       const std::vector<float> y_all = to_host<float>(y_buf, size_t(c.t * y_stride));
+      if (round == 1) second[size_t(i)] = y_all;
+      if (round == 2)
+        EXPECT_TRUE(all_equal_bits(y_all, second[size_t(i)], "part " + std::to_string(i) + " over x_half"));
       std::vector<float> got;
       std::vector<double> ref, tol;
       std::vector<std::vector<float>> wdeq(static_cast<size_t>(n));

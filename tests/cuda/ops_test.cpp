@@ -72,6 +72,50 @@ TEST(CudaRmsNorm, PlainAndWithResidual) {
       }
 }
 
+// The prefill norm's half copy (RmsNormArgs::y_half, the next product's rounded input): every
+// value the f32 output's bits rounded to f16 / bf16 (round to nearest even, as gemm() rounds
+// x), rows packed; refused where the row kernel does not run.
+TEST(CudaRmsNorm, HalfCopyIsTheRoundedOutput) {
+  KILN_REQUIRE_GPU();
+  std::mt19937_64 rng(12);
+  for (int64_t dim : {1024, 2048, 4096, 8192})
+    for (int64_t rows : {int64_t(12), int64_t(101)})
+      for (bool bf16 : {false, true}) {
+        SCOPED_TRACE("dim " + std::to_string(dim) + " rows " + std::to_string(rows) + (bf16 ? " bf16" : " f16"));
+        const int64_t xs = dim + 4, rs = dim + 8, ys = dim + 12;
+        const std::vector<float> x = random_floats(rng, size_t(rows * xs), -2.0f, 2.0f);
+        const std::vector<float> h = random_floats(rng, size_t(rows * rs), -2.0f, 2.0f);
+        const std::vector<float> w = random_floats(rng, size_t(dim), 0.5f, 1.5f);
+        const DeviceBuffer x_d = to_device(x), h_d = to_device(h), w_d = to_device(w);
+        DeviceBuffer y_d(size_t(rows * ys) * 4), half_d(size_t(rows * dim) * 2);
+        y_d.poison(), half_d.poison();
+        RmsNormArgs a;
+        a.x = x_d.as<float>(), a.x_stride = xs;
+        a.residual = h_d.as<float>(), a.residual_stride = rs;
+        a.weight = w_d.as<float>(), a.eps = 1e-5f;
+        a.rows = rows, a.dim = dim;
+        a.y = y_d.as<float>(), a.y_stride = ys;
+        a.y_half = half_d.as(), a.y_half_bf16 = bf16;
+        ASSERT_TRUE(rmsnorm_writes_half(a));
+        KILN_STATUS_OK(rmsnorm(a, nullptr));
+        const std::vector<float> y_all = to_host<float>(y_d, size_t(rows * ys));
+        const std::vector<uint16_t> half_all = to_host<uint16_t>(half_d, size_t(rows * dim));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < dim; ++i) {
+            const float v = y_all[size_t(r * ys + i)];
+            ASSERT_EQ(half_all[size_t(r * dim + i)], bf16 ? f32_to_bf16(v) : f32_to_f16(v))
+                << "row " << r << " [" << i << "] = " << v;
+          }
+      }
+  // A width the row kernel does not take: the copy is refused, nothing runs.
+  const DeviceBuffer x_d(size_t(12 * 4097) * 4), y_d(size_t(12 * 4097) * 4), half_d(size_t(12 * 4097) * 2);
+  RmsNormArgs a;
+  a.x = x_d.as<float>(), a.x_stride = 4097, a.rows = 12, a.dim = 4097, a.y = y_d.as<float>(), a.y_stride = 4097;
+  a.y_half = half_d.as();
+  EXPECT_FALSE(rmsnorm_writes_half(a));
+  EXPECT_FALSE(rmsnorm(a, nullptr).ok());
+}
+
 struct RopeCase {
   bool neox;
   int head_dim, n_rot;

@@ -4,7 +4,8 @@
 // and 32, prompts that start at 0 and after earlier keys, partial query blocks, sliding
 // windows, sinks and soft-capping. v8 splits the keys between two warp groups and merges
 // their softmax states, so cases include rows whose share of a tile is wholly masked, and
-// prompts shorter than one key chunk per group.
+// prompts shorter than one key chunk per group. The output's half copy (for the output
+// product) must hold the f32 output's bits rounded to f16 / bf16, as gemm() would round them.
 //
 // Error bound: the kernel rounds q, k and v to f16 (the reference takes the same rounded
 // values) and the softmax weights to f16 for P·V (relative 2^-11 each), with f32 sums:
@@ -34,8 +35,9 @@ struct PrefillCase {
 
 float f16_round(float v) { return f16_to_f32(f32_to_f16(v)); }
 
-void run_case(const PrefillCase& c, int version, uint64_t seed) {
-  SCOPED_TRACE("v" + std::to_string(version) + " head_dim " + std::to_string(c.head_dim) + " heads " +
+// half_copy: 0 none, 1 f16, 2 bf16.
+void run_case(const PrefillCase& c, int version, uint64_t seed, int half_copy = 0) {
+  SCOPED_TRACE("v" + std::to_string(version) + (half_copy ? (half_copy == 1 ? " f16 copy" : " bf16 copy") : "") + " head_dim " + std::to_string(c.head_dim) + " heads " +
                std::to_string(c.n_head) + "/" + std::to_string(c.n_head_kv) + " tokens " + std::to_string(c.n_tokens) +
                " first " + std::to_string(c.first_position) + " " + std::string(type_name(c.cache)) + " block " +
                std::to_string(c.block_size) + " softcap " + std::to_string(c.softcap) + " window " +
@@ -69,6 +71,9 @@ void run_case(const PrefillCase& c, int version, uint64_t seed) {
   const DeviceBuffer q_d = to_device(q), t_d = to_device(tables), r_d = to_device(seq_rows), s_d = to_device(sinks);
   DeviceBuffer out_d(size_t(T * out_stride) * 4);
   out_d.poison();
+  const int64_t width = int64_t(c.n_head) * D;  // the half copy's packed rows
+  DeviceBuffer half_d(size_t(T * width) * 2);
+  half_d.poison();
 
   PrefillAttentionArgs a;
   a.q = q_d.as<float>(), a.q_stride = q_stride;
@@ -83,8 +88,18 @@ void run_case(const PrefillCase& c, int version, uint64_t seed) {
   a.sinks = c.sinks ? s_d.as<float>() : nullptr;
   a.out = out_d.as<float>(), a.out_stride = out_stride;
   a.version = version;
+  if (half_copy) a.out_half = half_d.as(), a.out_half_bf16 = half_copy == 2;
   KILN_STATUS_OK(prefill_attention(a, nullptr));
   const std::vector<float> out_all = to_host<float>(out_d, size_t(T * out_stride));
+  if (half_copy) {
+    const std::vector<uint16_t> half_all = to_host<uint16_t>(half_d, size_t(T * width));
+    for (int t = 0; t < T; ++t)
+      for (int64_t i = 0; i < width; ++i) {
+        const float v = out_all[size_t(t * out_stride + i)];
+        const uint16_t want = half_copy == 1 ? f32_to_f16(v) : f32_to_bf16(v);
+        ASSERT_EQ(half_all[size_t(t * width + i)], want) << "half copy of token " << t << " [" << i << "] = " << v;
+      }
+  }
 
   std::vector<float> got;
   std::vector<double> want, tol;
@@ -147,6 +162,15 @@ TEST(PrefillAttention, EveryVersionMatchesDoubleReference) {
     uint64_t seed = 11 + 100 * uint64_t(version);
     for (const PrefillCase& c : cases()) run_case(c, version, seed++);
   }
+}
+
+TEST(PrefillAttention, HalfCopyIsTheRoundedOutput) {
+  KILN_REQUIRE_GPU();
+  for (const int version : {6, 8})
+    for (int half_copy : {1, 2}) {
+      uint64_t seed = 7 + 10 * uint64_t(version) + uint64_t(half_copy);
+      for (size_t i = 0; i < 4; ++i) run_case(cases()[i], version, seed++, half_copy);
+    }
 }
 
 TEST(PrefillAttention, RefusesUnknownVersion) {

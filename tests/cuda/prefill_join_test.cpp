@@ -9,11 +9,13 @@
 // types keep one product per part over the joined outputs.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_support.h"
 #include "model/model_test_util.h"
+#include "runtime/synthetic_model.h"
 #include "support/testdata.h"
 
 namespace kiln::testing {
@@ -53,6 +55,53 @@ TEST_P(CudaPrefillJoin, LogitsMatchThePlainPath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaPrefillJoin, ::testing::Values("F16", "Q4_0", "Q8_0", "Q4_K_M"));
+
+// The norms and the attention writing the next product's rounded input (CudaOptions::
+// half_copies, the default) against the products rounding it themselves: the same bits reach
+// the same products, so the logits must be equal bit for bit. The model is synthetic, 1024
+// wide (the norm's row kernel writes copies for widths of a multiple of 1024), 2 layers, and
+// every token's logits are asked for: q/k/v, o and gate/up of each layer and the head take a
+// copy, so their count says the path ran.
+class CudaPrefillHalfCopies : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(CudaPrefillHalfCopies, LogitsEqualTheProductsOwnRounding) {
+  KILN_REQUIRE_GPU();
+  const GgmlType type = GetParam();
+  SyntheticShape shape = synthetic_preset("test-tiny");
+  shape.n_embd = 1024, shape.n_head = 8, shape.n_head_kv = 2, shape.head_dim = 128, shape.n_ff = 2048;
+  SynthOptions so;
+  so.type = type;
+  so.q4_k_m = type == GgmlType::Q4_K;
+  so.row_pool = true;
+  TempGguf tmp("half_copies");
+  write_synthetic_model(shape, so, tmp.path);
+
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 5) % shape.n_vocab);
+  std::vector<float> logits[2];
+  for (int copies = 0; copies < 2; ++copies) {
+    auto file = gguf::File::open(tmp.path);
+    CudaOptions o;
+    o.half_copies = copies == 1;
+    CudaBackend backend(o);
+    ASSERT_EQ(backend.options().half_copies, copies == 1) << "KILN_CUDA_PREFILL_HALF_COPY=0 set?";
+    const auto model = Model::load(*file, backend);
+    logits[copies] = prefill_all_logits(*model, backend, ids, 64);
+    EXPECT_EQ(backend.half_copies_taken(), copies ? 3 * shape.n_layer + 1 : 0)
+        << "q/k/v, o and gate/up of every layer, and the head";
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  ASSERT_FALSE(logits[0].empty());
+  size_t differing = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) differing += std::memcmp(&logits[0][i], &logits[1][i], 4) != 0;
+  EXPECT_EQ(differing, size_t(0)) << type_name(type) << ": " << differing << " of " << logits[0].size()
+                                  << " logits differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaPrefillHalfCopies, ::testing::Values(GgmlType::F16, GgmlType::Q4_0, GgmlType::Q4_K),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(type_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace kiln::testing

@@ -78,8 +78,7 @@ TEST(CudaRopeStoreRows, MatchesDoubleReference) {
                              std::to_string(c.n_rot) + (c.neox ? " neox" : " pairs") + (c.norms ? " norms" : "") +
                              (c.f16_cache ? " f16" : " f32") + (c.k_pad ? " k rows padded" : "");
     const int64_t D = c.dim, q_stride = c.nq * D + 8, k_width = c.nk * D, k_stride = k_width + c.k_pad,
-                  v_width = c.nk * D,
-                  v_stride = v_width + 4;
+                  v_width = c.nk * D, v_stride = v_width + 4;
     const int64_t n_slots = c.T + 5, elem = c.f16_cache ? 2 : 4;
     const std::vector<float> q = random_floats(rng, size_t(c.T * q_stride), -3.0f, 3.0f);
     const std::vector<float> k = random_floats(rng, size_t(c.T * k_stride), -3.0f, 3.0f);

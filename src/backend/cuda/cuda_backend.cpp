@@ -86,6 +86,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   if (cuda::env_is("KILN_CUDA_PREFILL_JOIN", "0")) options_.joined_parts = false;
   if (cuda::env_is("KILN_CUDA_STEP_IO", "0")) options_.step_io_in_graph = false;
   if (cuda::env_is("KILN_CUDA_PREFILL_GLU_HALF", "0")) options_.glu_half_input = false;
+  if (cuda::env_is("KILN_CUDA_PREFILL_HALF_COPY", "0")) options_.half_copies = false;
   if (const int e = cuda::env_int("KILN_CUDA_HALF_EPILOGUE", -1); e >= 0 && e <= 3) options_.half_epilogues = e;
   if (const int e = cuda::env_int("KILN_CUDA_GLU_EPILOGUE_Q8", -1); e >= 0 && e <= 2) options_.int8_glu_epilogue = e;
   check(cudaSetDevice(options.device), "cudaSetDevice");
@@ -441,6 +442,7 @@ void CudaBackend::defer_add(const Tensor& out, Tensor& residual) {
 }
 
 void CudaBackend::flush_pending() {
+  record_half_source_for(nullptr, 0, 0, 0, GgmlType::F32);  // a held norm or attention, as it was
   if (pending_argmax_) record_held_argmax(nullptr);
   // A held front reads the held product's output: it goes after it (the product's record()
   // would otherwise flush the front first).

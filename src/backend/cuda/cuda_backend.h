@@ -49,6 +49,10 @@ struct CudaOptions {
   // Prefill: glu_matmul_add's glu writes the down product's half-precision input (no f32
   // activation written and read back). KILN_CUDA_PREFILL_GLU_HALF=0 runs glu + matmul_add.
   bool glu_half_input = true;
+  // Prefill: the norms before q/k/v and gate/up and the attention before o also write their
+  // output rounded for the product after them, which then skips its own rounding pass
+  // (CudaBackend::PendingHalfSource). KILN_CUDA_PREFILL_HALF_COPY=0 turns it off.
+  bool half_copies = true;
   // f16 / bf16 decode: which ops run in the epilogue of the grouped products before them
   // (matvec_f16_pairs.cu), bits of kHalfEpilogueRope (rope + cache store after q/k/v) and
   // kHalfEpilogueGlu (glu after gate/up). KILN_CUDA_HALF_EPILOGUE=N (0..3) sets it, 0: none.
@@ -113,6 +117,8 @@ class CudaBackend final : public Backend {
   size_t tiled_expert_stacks() const { return tiled_experts_.size(); }
   // Ops recorded so far, a fused group counting once (tests see whether a fusion happened).
   int64_t recorded_ops() const { return recorded_ops_; }
+  // Products that read a half copy their input's producer wrote (CudaOptions::half_copies).
+  int64_t half_copies_taken() const { return half_copies_taken_; }
 
   std::unique_ptr<Buffer> allocate(size_t bytes) override;
   Tensor weight(const gguf::TensorInfo& info) override;
@@ -277,6 +283,29 @@ class CudaBackend final : public Backend {
     Tensor router;
   };
   std::optional<PendingFront> pending_front_;
+  // Prefill (options_.half_copies): an op whose f32 output is often the next product's input
+  // (a norm before q/k/v or gate/up, the attention before o) is held back the same way. If
+  // the next op is a product over exactly that output with f16, bf16 or quantized weights, the
+  // held op is recorded also writing the output rounded to the product's half type (gemm.h's
+  // x_half: the bits the product's own rounding would give) and the product reads that copy,
+  // one pass over the activation fewer; any other op records the held one as it was.
+  struct PendingHalfSource {
+    cuda::SignatureHash sig;
+    int64_t tokens = 0;
+    const char* op = nullptr;
+    const float* out = nullptr;  // the f32 output: rows of cols, stride apart
+    int64_t cols = 0, rows = 0, stride = 0;
+    std::function<cuda::Status(cudaStream_t, void* half, bool bf16)> launch;  // half null: no copy
+  };
+  std::optional<PendingHalfSource> pending_half_source_;
+  bool holds_half_sources(int64_t tokens) const;
+  // A norm's launch: held as a half source where it can be one (false), else recorded (true).
+  bool record_norm(const cuda::RmsNormArgs& a, const cuda::SignatureHash& sig, int64_t tokens, const char* op);
+  void hold_half_source(PendingHalfSource held);
+  // Records the held source (if any): with a copy for weights of `weight_type`, which it
+  // returns, where its output is x (cols x rows, stride apart); else as it was, returning null.
+  const void* record_half_source_for(const float* x, int64_t cols, int64_t rows, int64_t stride,
+                                     GgmlType weight_type);
   void record_front(const PendingFront& front);  // its launch, and its int8 copy remembered
   // The fold, where moe_ffn's arguments `a` take it: the held product recorded with the router
   // sums, a.front set. False: nothing done.
@@ -356,6 +385,7 @@ class CudaBackend final : public Backend {
 
   CudaOptions options_;
   int64_t recorded_ops_ = 0;
+  int64_t half_copies_taken_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::unique_ptr<cuda::StepGraphs> graphs_;
@@ -378,6 +408,7 @@ class CudaBackend final : public Backend {
   std::vector<const void*> interleaved_;   // weights registered in the interleaved layout
   std::vector<const void*> tiled_experts_; // expert stacks in the row-tile layout (few: a scan)
   size_t weight_bytes_ = 0;
+  Scratch half_copy_scratch_;
   Scratch q8_scratch_, matmul_scratch_, glu_half_scratch_, attention_scratch_, moe_scratch_, argmax_scratch_,
       blas_workspace_;
   // rmsnorm_moe_route's tickets (one per token of a decode batch), zeroed once at start; each

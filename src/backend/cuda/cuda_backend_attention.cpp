@@ -283,6 +283,15 @@ void CudaBackend::attention(const Tensor& q, const KvLayer& cache, const BatchIn
     a.scale = p.scale, a.softcap = p.softcap, a.sliding_window = p.sliding_window, a.sinks = sinks;
     a.out = out.as<float>(), a.out_stride = int64_t(out.nb[1] / 4);
     sig.v(a.first_position);
+    if (holds_half_sources(T)) {  // the output product after it may read its rounded copy
+      hold_half_source({sig.h, T, "attention", a.out, int64_t(p.n_head) * p.head_dim_v, T, a.out_stride,
+                        [a](cudaStream_t s, void* half, bool bf16) {
+                          cuda::PrefillAttentionArgs with_copy = a;
+                          with_copy.out_half = half, with_copy.out_half_bf16 = bf16;
+                          return cuda::prefill_attention(with_copy, s);
+                        }});
+      return;
+    }
     record(sig.h, T, [=](cudaStream_t s) { return cuda::prefill_attention(a, s); }, "attention");
     return;
   }

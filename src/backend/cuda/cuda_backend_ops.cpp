@@ -71,9 +71,23 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tens
   // Heads as rows ({head_dim, heads, T}, the q/k norms of qwen3): T tokens, not heads * T rows,
   // or a one-token decode pass of 32 heads counts as 32 tokens and is never graphed.
   const int64_t tokens = x.n_dims >= 3 ? x.ne[2] * x.ne[3] : x.rows();
-  record(Sig(Op::RmsNorm).t(x).t(weight).t(out).v(eps).v(a.q8).h, tokens,
-         [=](cudaStream_t s) { return cuda::rmsnorm(a, s); }, "rmsnorm");
-  remember_q8(a.y, a.dim, a.rows, a.y_stride, a.q8);
+  const Sig sig = Sig(Op::RmsNorm).t(x).t(weight).t(out).v(eps).v(a.q8);
+  if (record_norm(a, sig.h, tokens, "rmsnorm")) remember_q8(a.y, a.dim, a.rows, a.y_stride, a.q8);
+}
+
+bool CudaBackend::record_norm(const cuda::RmsNormArgs& a, const cuda::SignatureHash& sig, int64_t tokens,
+                              const char* op) {
+  if (holds_half_sources(tokens) && !a.q8 && cuda::rmsnorm_writes_half(a)) {
+    hold_half_source({sig, tokens, op, a.y, a.dim, a.rows, a.y_stride,
+                      [a](cudaStream_t s, void* half, bool bf16) {
+                        cuda::RmsNormArgs with_copy = a;
+                        with_copy.y_half = half, with_copy.y_half_bf16 = bf16;
+                        return cuda::rmsnorm(with_copy, s);
+                      }});
+    return false;
+  }
+  record(sig, tokens, [=](cudaStream_t s) { return cuda::rmsnorm(a, s); }, op);
+  return true;
 }
 
 void CudaBackend::add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& weight, float eps, Tensor& out) {
@@ -90,9 +104,8 @@ void CudaBackend::add_rmsnorm(const Tensor& x, Tensor& residual, const Tensor& w
   a.eps = eps, a.rows = x.rows(), a.dim = x.ne[0];
   a.y = out.as<float>(), a.y_stride = stride_of(out, "add_rmsnorm", "out");
   a.q8 = q8_for_next_matmul(a.dim, a.rows, &a.q8_row_bytes);
-  record(Sig(Op::AddRmsNorm).t(x).t(residual).t(weight).t(out).v(eps).v(a.q8).h, x.rows(),
-         [=](cudaStream_t s) { return cuda::rmsnorm(a, s); }, "add_rmsnorm");
-  remember_q8(a.y, a.dim, a.rows, a.y_stride, a.q8);
+  const Sig sig = Sig(Op::AddRmsNorm).t(x).t(residual).t(weight).t(out).v(eps).v(a.q8);
+  if (record_norm(a, sig.h, x.rows(), "add_rmsnorm")) remember_q8(a.y, a.dim, a.rows, a.y_stride, a.q8);
 }
 
 void CudaBackend::add_bias(const Tensor& bias, Tensor& out) {
@@ -208,11 +221,12 @@ void CudaBackend::matmul(const Tensor& x, const Tensor& w, const Tensor& bias, T
   g.type = type, g.w = wp, g.w_row_bytes = w_row, g.n = N, g.k = K;
   g.x = xp, g.x_stride = xs, g.t = T, g.y = yp, g.y_stride = ys;
   const int64_t slab = float_weights ? 0 : std::max<int64_t>(64, int64_t(kSlabBytes / (size_t(K) * 2)) / 64 * 64);
+  g.x_half = record_half_source_for(xp, K, T, xs, type);  // the attention's copy, before o
   const size_t need = cuda::gemm_scratch_bytes(g, slab);
   void* sp = need ? scratch(matmul_scratch_, need) : nullptr;
   cublasHandle_t blas = blas_;
-  record(Sig(Op::Matmul).t(x).t(w).t(out).h, T, [=](cudaStream_t s) { return cuda::gemm(g, blas, sp, need, s); },
-         "matmul");
+  record(Sig(Op::Matmul).t(x).t(w).t(out).v(g.x_half).h, T,
+         [=](cudaStream_t s) { return cuda::gemm(g, blas, sp, need, s); }, "matmul");
   add_bias(bias, out);
 }
 

@@ -14,7 +14,9 @@
 //
 // glu_matmul_add (the down projection after the FFN's glu): the glu kernel writes the
 // product's rounded input (glu_half.h) and gemm() reads it (GemmArgs::x_half), so the f32
-// activation is never written (CudaOptions::glu_half_input).
+// activation is never written (CudaOptions::glu_half_input). Likewise the norm before q/k/v
+// and gate/up, and the attention before o, write their output's rounded copy for the product
+// after them where it takes it (CudaBackend::PendingHalfSource, CudaOptions::half_copies).
 #include <algorithm>
 #include <array>
 #include <string>
@@ -59,6 +61,33 @@ struct CudaBackend::PrefillLanes {
     if (lanes.fork) cudaEventDestroy(lanes.fork);
   }
 };
+
+bool CudaBackend::holds_half_sources(int64_t tokens) const {
+  return options_.half_copies && !options_.exact && tokens >= cuda_prefill::kMinTokens;
+}
+
+void CudaBackend::hold_half_source(PendingHalfSource held) {
+  flush_pending();  // whatever was held before goes first
+  pending_half_source_ = std::move(held);
+  quantized_input_ = {};  // the held launch writes its output
+}
+
+const void* CudaBackend::record_half_source_for(const float* x, int64_t cols, int64_t rows, int64_t stride,
+                                                GgmlType weight_type) {
+  if (!pending_half_source_) return nullptr;
+  PendingHalfSource h = std::move(*pending_half_source_);
+  pending_half_source_.reset();  // record() finds none held
+  const bool copies = x && h.out == x && h.cols == cols && h.rows == rows && h.stride == stride &&
+                      weight_type != GgmlType::F32 && cuda::gemm_supports(weight_type);
+  void* half = copies ? scratch(half_copy_scratch_, size_t(rows) * size_t(cols) * 2) : nullptr;
+  const bool bf16 = weight_type != GgmlType::F16;  // gemm() rounds x to bf16 for bf16 and quantized weights
+  cuda::SignatureHash sig = h.sig;
+  sig.pod(half), sig.pod(bf16);
+  record(sig, h.tokens, [launch = std::move(h.launch), half, bf16](cudaStream_t s) { return launch(s, half, bf16); },
+         h.op);
+  if (half) ++half_copies_taken_;
+  return half;
+}
 
 bool CudaBackend::prefers_joined_parts(int64_t tokens) const {
   return !options_.exact && options_.joined_parts && tokens >= cuda_prefill::kMinTokens;
@@ -108,6 +137,7 @@ bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPa
     for (const cuda::GemmPart& p : gp) slab += size_t(p.n) * size_t(K) * 2;
     if (slab > kSlabBytes) return false;  // too large: one part at a time, in slabs
   }
+  a.x_half = record_half_source_for(a.x, K, T, a.x_stride, type);
   const size_t need = cuda::gemm_parts_scratch_bytes(a);
 
   if (!prefill_lanes_) {
@@ -132,7 +162,7 @@ bool CudaBackend::matmul_parts_prefill(const Tensor& x, std::span<const MatmulPa
   for (size_t i = 0; i < n; ++i) parts_copy[i] = gp[i];
 
   cuda::SignatureHash h;
-  h.pod(Op::Matmul), h.pod(n), h.pod(true);
+  h.pod(Op::Matmul), h.pod(n), h.pod(true), h.pod(a.x_half);
   hash_tensor(h, x);
   for (const MatmulPart& p : parts) hash_tensor(h, *p.w), hash_tensor(h, *p.out);
   record(h, T, [=](cudaStream_t s) {

@@ -169,7 +169,7 @@ Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch,
                              " among " + std::string(type_name(a.type)) + " parts (only quantized types mix)");
     const TypeTraits& tr = traits(part_type(a, p));
     if (p.n <= 0 || a.k <= 0 || a.t <= 0 || a.k % tr.block_size != 0 || p.n > 0x7fffffff || a.k > 0x7fffffff ||
-        a.t > 0x7fffffff || !p.w || !p.y || !a.x || a.x_stride < a.k || p.y_stride < p.n ||
+        a.t > 0x7fffffff || !p.w || !p.y || (!a.x_half && (!a.x || a.x_stride < a.k)) || p.y_stride < p.n ||
         part_row_bytes(a, p) < a.k / tr.block_size * int64_t(tr.type_size) ||
         (!is_quantized(a.type) && a.w_row_bytes % tr.type_size != 0))
       return Status::invalid("gemm_parts: part of " + std::to_string(p.n) + " rows (k " + std::to_string(a.k) +
@@ -185,8 +185,11 @@ Status gemm_parts(const GemmPartsArgs& a, const GemmLanes& lanes, void* scratch,
   const bool quantized = is_quantized(a.type);
   const OutType half = a.type == GgmlType::F16 ? OutType::F16 : OutType::BF16;
   const cudaDataType_t half_type = a.type == GgmlType::F16 ? CUDA_R_16F : CUDA_R_16BF;
-  void* x_half = scratch;
-  if (Status s = round_x(a.x, a.x_stride, a.t, a.k, half, x_half, main); !s.ok()) return s;
+  if (a.x_half && reinterpret_cast<uintptr_t>(a.x_half) % kAlign != 0)
+    return Status::invalid("gemm_parts: a rounded x_half needs 256-byte alignment");
+  const void* x_half = a.x_half ? a.x_half : scratch;
+  if (!a.x_half)
+    if (Status s = round_x(a.x, a.x_stride, a.t, a.k, half, scratch, main); !s.ok()) return s;
 
   // Every part's weights as bf16 rows in one slab (quantized), or where they are.
   const size_t n_parts = a.parts.size();

@@ -90,6 +90,9 @@ struct GemmPartsArgs {
   int64_t x_stride = 0, t = 0;
   std::span<const GemmPart> parts;
   bool join = true;  // false: one product per part even where they could be joined
+  // Optional: X already rounded to the products' half type, as GemmArgs::x_half (then x may
+  // be null); the scratch's room for the rounded copy goes unused.
+  const void* x_half = nullptr;
 };
 
 inline constexpr int kMaxGemmLanes = 4;

@@ -7,6 +7,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/glu_math.cuh"
+#include "backend/cuda/half_copy.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/rope_math.cuh"
@@ -107,6 +108,7 @@ __device__ __forceinline__ void store_normed_row_part(const RmsNormArgs& a, int6
       out = make_float4(__fmul_rn(out.x, wv.x), __fmul_rn(out.y, wv.y), __fmul_rn(out.z, wv.z), __fmul_rn(out.w, wv.w));
     }
     y[i] = out;
+    if (a.y_half) store_half4(static_cast<uint2*>(a.y_half) + r * (a.dim / 4) + i, out, a.y_half_bf16);
   }
 }
 
@@ -300,6 +302,11 @@ __global__ void argmax_rows_kernel(const float* piece_v, const int64_t* piece_i,
 
 }  // namespace detail
 
+bool rmsnorm_writes_half(const RmsNormArgs& a) {
+  const int steps = detail::rmsnorm_vec_steps(a);
+  return detail::rmsnorm_warp_steps(a) == 0 && (steps == 1 || steps == 2 || steps == 4 || steps == 8);
+}
+
 Status rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   if (!a.x || !a.y || a.rows <= 0 || a.dim <= 0 || a.rows > 0x7fffffff)
     return Status::invalid("rmsnorm: x and y must be set and rows (" + std::to_string(a.rows) + ") and dim (" +
@@ -307,6 +314,9 @@ Status rmsnorm(const RmsNormArgs& a, cudaStream_t stream) {
   if (a.q8 && (a.dim % 32 != 0 || reinterpret_cast<uintptr_t>(a.q8) % 16 != 0 || a.q8_row_bytes % 16 != 0))
     return Status::invalid("rmsnorm: the int8 copy needs dim % 32 == 0 (dim " + std::to_string(a.dim) +
                            ") and 16-byte aligned rows");
+  if (a.y_half && (!rmsnorm_writes_half(a) || reinterpret_cast<uintptr_t>(a.y_half) % 256 != 0))
+    return Status::invalid("rmsnorm: a half copy of y needs the row kernel (rows of a multiple of 1024 values, "
+                           "aligned) and a 256-byte aligned copy");
   if (const int warp_steps = detail::rmsnorm_warp_steps(a); warp_steps > 0) {
     const unsigned blocks = unsigned((a.rows + detail::kWarpRowsPerBlock - 1) / detail::kWarpRowsPerBlock);
     const unsigned threads = detail::kRowThreads;

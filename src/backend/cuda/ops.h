@@ -27,8 +27,16 @@ struct RmsNormArgs {
   // at q8 + r * q8_row_bytes, the bytes quantize_q8 would write). dim % 32 == 0.
   uint8_t* q8 = nullptr;
   int64_t q8_row_bytes = 0;
+  // Optional (prefill): also writes y rounded to f16 (bf16 with y_half_bf16) as packed rows of
+  // dim at y_half, 256-byte aligned: the next product's x_half (gemm.h). Only where
+  // rmsnorm_writes_half says the row kernels run.
+  void* y_half = nullptr;
+  bool y_half_bf16 = false;
 };
 Status rmsnorm(const RmsNormArgs& args, cudaStream_t stream);
+// Whether rmsnorm can write y's half copy for these arguments (many rows of a width the
+// vectorized row kernel takes, no int8 copy).
+bool rmsnorm_writes_half(const RmsNormArgs& args);
 
 // Rotates, in place, the first n_rot dims of every head of x [tokens][heads][head_dim] by the
 // token's position (the formulation of backend/cpu/ops_attention.cpp, YaRN included; angles

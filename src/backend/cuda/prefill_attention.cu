@@ -243,6 +243,8 @@ Status prefill_attention(const PrefillAttentionArgs& a, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(a.out) % 8 != 0 || reinterpret_cast<uintptr_t>(a.k_cache) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(a.v_cache) % 16 != 0)
     return Status::invalid("prefill_attention: rows must be 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(a.out_half) % 256 != 0)
+    return Status::invalid("prefill_attention: the output's half copy must be 256-byte aligned");
   const int version = a.version != 0 ? a.version : prefill_detail::default_version();
   if (version == 6) return prefill_detail::launch_v6(a, stream);
   if (version == 8) return prefill_detail::launch_v8(a, stream);

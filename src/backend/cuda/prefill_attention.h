@@ -41,6 +41,10 @@ struct PrefillAttentionArgs {
   const float* sinks = nullptr;  // [n_head] or null
   float* out = nullptr;          // [n_tokens][out_stride]
   int64_t out_stride = 0;
+  // Optional: the output also rounded to f16 (bf16 with out_half_bf16) as packed rows of
+  // n_head * head_dim at out_half, 256-byte aligned: the output product's x_half (gemm.h).
+  void* out_half = nullptr;
+  bool out_half_bf16 = false;
   // Kernel version: 0 the default (v8, or v6 with KILN_CUDA_PREFILL_ATTN_V=6), or 6 or 8 to
   // choose one (tests and benchmarks run both).
   int version = 0;

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/half_copy.cuh"
 #include "backend/cuda/prefill_attention.h"
 
 namespace kiln::cuda::prefill_detail {
@@ -140,8 +141,8 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[D / 8][4], const float 
 }
 
 // The end of a warp's two rows (query rows first_row and first_row + 8): each row's sum over
-// its quad, the sink (m and the sink in log2 units), then the output normalized by it; rows
-// past the last token are not stored.
+// its quad, the sink (m and the sink in log2 units), then the output normalized by it (and
+// its half copy, where asked for); rows past the last token are not stored.
 template <int D>
 __device__ __forceinline__ void store_normalized_rows(const PrefillAttentionArgs& a, int head, int first_row, int t,
                                                       const float (&m)[2], const float (&l)[2],
@@ -161,10 +162,17 @@ __device__ __forceinline__ void store_normalized_rows(const PrefillAttentionArgs
     const float inv = sum > 0.0f ? factor / sum : 0.0f;
     const int token = first_row + 8 * r;
     if (token >= a.n_tokens) continue;
-    float* out = a.out + int64_t(token) * a.out_stride + int64_t(head) * D + 2 * t;
+    const int64_t at = int64_t(head) * D + 2 * t;
+    float* out = a.out + int64_t(token) * a.out_stride + at;
+    uint32_t* half = a.out_half ? reinterpret_cast<uint32_t*>(static_cast<__half*>(a.out_half) +
+                                                              int64_t(token) * a.n_head * D + at)
+                                : nullptr;
 #pragma unroll
-    for (int nb = 0; nb < D / 8; ++nb)
-      *reinterpret_cast<float2*>(out + nb * 8) = make_float2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
+    for (int nb = 0; nb < D / 8; ++nb) {
+      const float lo = o[nb][2 * r] * inv, hi = o[nb][2 * r + 1] * inv;
+      *reinterpret_cast<float2*>(out + nb * 8) = make_float2(lo, hi);
+      if (half) half[nb * 4] = detail::half_pair_bits(lo, hi, a.out_half_bf16);
+    }
   }
 }
 
