@@ -1,7 +1,6 @@
 // Prefill's q/k head norms, rope of q and k and the KV-cache store in one launch
-// (rope_store.h's rope_store_rows). Grid (groups of 4 tokens, row groups of 8): a token's rows
-// are its q heads, then its k heads, then its values in pieces of 128; one warp a row of the
-// block's 4 tokens.
+// (rope_store.h's rope_store_rows). Grid (tokens, row groups of 8): a token's rows are its q
+// heads, then its k heads, then its values in pieces of 128; one warp each.
 //
 // Why this shape: at T = 512 the five kernels it replaces (q norm, k norm, rope q, rope k,
 // kv_store; 40 us per Qwen3-30B-A3B layer, each synced alone) move ~20 MB, 5 us at 4.2 TB/s.
@@ -26,7 +25,6 @@ using detail::kWarpSize;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kValuesPerWarp = 4 * kWarpSize;  // v: one 16-byte piece per lane
-constexpr int kTokens = 4;                     // tokens a block
 
 template <int N>
 __device__ __forceinline__ void load_floats(const float* p, float (&v)[N]) {
@@ -68,19 +66,15 @@ __device__ __forceinline__ void store_floats(__half* p, const float (&v)[N]) {
   }
 }
 
-// kPerLane values of a head per lane: head_dim = 32 * kPerLane. A warp takes its row (a q or
-// k head, or a piece of v) of kTokens neighbouring tokens, all of whose loads it issues
-// before it uses any: one token a warp left 3,000 short blocks per Llama-3-8B layer at
-// T = 512, each waiting out one load's latency.
+// kPerLane values of a head per lane: head_dim = 32 * kPerLane.
 template <int kPerLane, typename KV>
 __global__ void __launch_bounds__(kThreads)
     rope_store_rows_kernel(RopeArgs q, RopeArgs k, KvStoreArgs st, const float* angles, HeadNorms norms,
                            int64_t v_pieces) {
   constexpr int kDim = kPerLane * kWarpSize;
-  __shared__ __align__(16) float normed_s[kWarps][kTokens][kDim];
+  __shared__ __align__(16) float normed_s[kWarps][kDim];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int64_t t0 = int64_t(blockIdx.x) * kTokens, row = int64_t(blockIdx.y) * kWarps + warp;
-  const int n_here = int(min(int64_t(kTokens), q.n_tokens - t0));
+  const int64_t t = blockIdx.x, row = int64_t(blockIdx.y) * kWarps + warp;
   const int64_t nq = q.n_heads, nk = k.n_heads;
   if (row >= nq + nk + v_pieces) return;  // (no block-wide barrier follows)
   const bool is_q = row < nq, is_k = !is_q && row < nq + nk;
@@ -89,78 +83,56 @@ __global__ void __launch_bounds__(kThreads)
   float w[kPerLane];
   if (norm_w) load_floats(norm_w + d0, w);  // before the wait: no kernel writes the weights
   detail::begin_chained_kernel();
+  const int64_t slot = st.slots[t];
+  const bool slot_ok = slot >= 0 && slot < st.n_slots;  // never write outside the cache
 
-  if (!is_q && !is_k) {  // 128 values of v a token into the cache
+  if (!is_q && !is_k) {  // 128 values of v into the cache
     const int64_t i = (row - nq - nk) * kValuesPerWarp + lane * 4;
-    if (i >= st.v_width) return;
-    float v[kTokens][4];
-#pragma unroll
-    for (int j = 0; j < kTokens; ++j)
-      if (j < n_here) load_floats(st.v + (t0 + j) * st.v_stride + i, v[j]);
-#pragma unroll
-    for (int j = 0; j < kTokens; ++j) {
-      if (j >= n_here) break;
-      const int64_t slot = st.slots[t0 + j];
-      if (slot >= 0 && slot < st.n_slots)  // never write outside the cache
-        store_floats(static_cast<KV*>(st.cache_v) + slot * st.cache_v_stride + i, v[j]);
-    }
+    if (!slot_ok || i >= st.v_width) return;
+    float v[4];
+    load_floats(st.v + t * st.v_stride + i, v);
+    store_floats(static_cast<KV*>(st.cache_v) + slot * st.cache_v_stride + i, v);
     return;
   }
 
   // (Fields picked one by one: a reference to q or k would copy both to local memory.)
   const int64_t head = is_q ? row : row - nq;
-  const int64_t token_stride = is_q ? q.token_stride : k.token_stride;
-  float* x = (is_q ? q.x : k.x) + t0 * token_stride + head * kDim;
-  float v[kTokens][kPerLane];
+  float* x = (is_q ? q.x : k.x) + t * (is_q ? q.token_stride : k.token_stride) + head * kDim;
+  float v[kPerLane];
+  load_floats(x + d0, v);
+  if (norm_w) {  // rmsnorm()'s formula over the head: (x * inv) * weight, rounded at each step
+    float sum_sq = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kTokens; ++j)
-    if (j < n_here) load_floats(x + j * token_stride + d0, v[j]);
+    for (int j = 0; j < kPerLane; ++j) sum_sq = fmaf(v[j], v[j], sum_sq);
+    const float inv = rsqrtf(detail::warp_sum(sum_sq) / float(kDim) + norms.eps);
 #pragma unroll
-  for (int j = 0; j < kTokens; ++j) {
-    if (j >= n_here) break;
-    if (norm_w) {  // rmsnorm()'s formula over the head: (x * inv) * weight, rounded at each step
-      float sum_sq = 0.0f;
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) sum_sq = fmaf(v[j][e], v[j][e], sum_sq);
-      const float inv = rsqrtf(detail::warp_sum(sum_sq) / float(kDim) + norms.eps);
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) v[j][e] = __fmul_rn(__fmul_rn(v[j][e], inv), w[e]);
-    }
-    store_floats(normed_s[warp][j] + d0, v[j]);
+    for (int j = 0; j < kPerLane; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], inv), w[j]);
   }
+  float* s = normed_s[warp];
+  store_floats(s + d0, v);
   __syncwarp();
 
   // Pairs (i, i + n_rot / 2) (neox) or (2i, 2i + 1), rotated as rotate_heads() does; dims
   // past n_rot keep their values.
   const int n_rot = q.n_rot, half = n_rot / 2;  // k's are the same (same_rotation)
   const bool neox = q.neox;
+  const float* cos_t = angles + t * n_rot;
+  float y[kPerLane];
 #pragma unroll
-  for (int j = 0; j < kTokens; ++j) {
-    if (j >= n_here) break;
-    const int64_t t = t0 + j;
-    const float* cos_t = angles + t * n_rot;
-    const float* s = normed_s[warp][j];
-    float y[kPerLane];
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      const int d = d0 + e;
-      if (d >= n_rot) {
-        y[e] = v[j][e];
-        continue;
-      }
-      const bool first = neox ? d < half : (d & 1) == 0;
-      const int i = neox ? (first ? d : d - half) : d >> 1;
-      const int partner = neox ? (first ? d + half : d - half) : d ^ 1;
-      const float c = __ldg(cos_t + i), sn = __ldg(cos_t + half + i), p = s[partner];
-      y[e] = first ? detail::rotated_first(v[j][e], p, c, sn) : detail::rotated_second(p, v[j][e], c, sn);
+  for (int j = 0; j < kPerLane; ++j) {
+    const int d = d0 + j;
+    if (d >= n_rot) {
+      y[j] = v[j];
+      continue;
     }
-    store_floats(x + j * token_stride + d0, y);
-    if (is_k) {
-      const int64_t slot = st.slots[t];
-      if (slot >= 0 && slot < st.n_slots)  // never write outside the cache
-        store_floats(static_cast<KV*>(st.cache_k) + slot * st.cache_k_stride + head * kDim + d0, y);
-    }
+    const bool first = neox ? d < half : (d & 1) == 0;
+    const int i = neox ? (first ? d : d - half) : d >> 1;
+    const int partner = neox ? (first ? d + half : d - half) : d ^ 1;
+    const float c = __ldg(cos_t + i), sn = __ldg(cos_t + half + i), p = s[partner];
+    y[j] = first ? detail::rotated_first(v[j], p, c, sn) : detail::rotated_second(p, v[j], c, sn);
   }
+  store_floats(x + d0, y);
+  if (is_k && slot_ok) store_floats(static_cast<KV*>(st.cache_k) + slot * st.cache_k_stride + head * kDim + d0, y);
 }
 
 bool aligned_to(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % uint64_t(bytes) == 0; }
@@ -219,8 +191,7 @@ Status rope_store_rows(const RopeArgs& q, const RopeArgs& k, const KvStoreArgs& 
   if (const std::string why = rope_store_rows_refusal(q, k, st, angles, norms); !why.empty())
     return Status::invalid("rope_store_rows: " + why);
   const int64_t v_pieces = (st.v_width + kValuesPerWarp - 1) / kValuesPerWarp;
-  const dim3 grid(unsigned((q.n_tokens + kTokens - 1) / kTokens),
-                  unsigned((q.n_heads + k.n_heads + v_pieces + kWarps - 1) / kWarps));
+  const dim3 grid(unsigned(q.n_tokens), unsigned((q.n_heads + k.n_heads + v_pieces + kWarps - 1) / kWarps));
   const cudaError_t e = q.head_dim == 64    ? launch<2>(q, k, st, angles, norms, v_pieces, grid, stream)
                         : q.head_dim == 128 ? launch<4>(q, k, st, angles, norms, v_pieces, grid, stream)
                                             : launch<8>(q, k, st, angles, norms, v_pieces, grid, stream);
