@@ -6,8 +6,7 @@
 // f16 / bf16 weights: X is rounded to the weights' type, then one product with f32
 // accumulation and f32 output by cublasGemmEx (above 8 rows, with KILN_CUDA_GEMM_TUNE on,
 // through cuBLASLt with a timed algorithm choice: gemm_lt.h; the scratch holds its
-// workspace). f32 weights: a plain f32
-// cuBLAS product (no TF32).
+// workspace). f32 weights: a plain f32 cuBLAS product (no TF32).
 // Quantized weights (v1): W is dequantized to bf16 in slabs of rows into the scratch buffer,
 // then each slab is one bf16 GEMM. This reads the quantized weight once and writes and
 // reads a bf16 copy of it (2 bytes per weight) per call: at T = 512 that costs about half

@@ -121,8 +121,8 @@ bool time_runs(Run&& run, cudaStream_t stream, cudaEvent_t start, cudaEvent_t en
          cudaEventElapsedTime(ms, start, end) == cudaSuccess;
 }
 
-// cublasGemmEx, then every candidate of the heuristic whose output has its bits (any, with
-// KILN_CUDA_GEMM_TUNE=2), timed on the real operands; the fastest cuBLASLt candidate is kept
+// cublasGemmEx, then every candidate of the heuristic whose output has its bits (any, in
+// mode 2), timed on the real operands; the fastest cuBLASLt candidate is kept
 // where it beats cublasGemmEx (plan.usable), else the plan says to call cublasGemmEx.
 void choose(cublasLtHandle_t handle, cublasHandle_t blas, const LtProduct& p, int mode, Plan& plan, void* workspace,
             size_t workspace_bytes, cudaStream_t stream) {
