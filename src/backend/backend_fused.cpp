@@ -5,26 +5,6 @@
 
 namespace kiln {
 
-namespace {
-
-// k's heads {head_dim, heads, T} seen again as rows {heads * head_dim, T}; the heads of a
-// token must be packed, the tokens may be strided (q/k/v as column ranges of one buffer).
-Tensor heads_as_rows(const Tensor& heads) {
-  if (heads.is_contiguous()) return heads.reshape({heads.ne[0] * heads.ne[1], heads.ne[2]});
-  KILN_CHECK(heads.ne[3] == 1 && heads.nb[1] == heads.nb[0] * size_t(heads.ne[0]),
-             "heads {} {}: a token's heads are not packed", heads.name, heads.describe());
-  Tensor rows = heads;
-  rows.n_dims = 2;
-  rows.ne[0] = heads.ne[0] * heads.ne[1];
-  rows.ne[1] = heads.ne[2];
-  rows.ne[2] = 1;
-  rows.nb[1] = heads.nb[2];
-  rows.nb[2] = rows.nb[3] = heads.nb[2] * size_t(heads.ne[2]);
-  return rows;
-}
-
-}  // namespace
-
 void Backend::matmul_parts(const Tensor& x, std::span<const MatmulPart> parts) {
   for (const MatmulPart& p : parts) {
     KILN_CHECK(p.w && p.out, "{} matmul_parts: a part lacks its weight or output", name());

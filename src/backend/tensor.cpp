@@ -65,6 +65,23 @@ Tensor Tensor::matrix(int64_t i2) const {
   return t;
 }
 
+bool heads_packed(const Tensor& heads) {
+  return heads.ne[3] == 1 && heads.nb[1] == heads.nb[0] * size_t(heads.ne[0]);
+}
+
+Tensor heads_as_rows(const Tensor& heads) {
+  if (heads.is_contiguous()) return heads.reshape({heads.ne[0] * heads.ne[1], heads.ne[2]});
+  KILN_CHECK(heads_packed(heads), "heads {} {}: a token's heads are not packed", heads.name, heads.describe());
+  Tensor rows = heads;
+  rows.n_dims = 2;
+  rows.ne[0] = heads.ne[0] * heads.ne[1];
+  rows.ne[1] = heads.ne[2];
+  rows.ne[2] = 1;
+  rows.nb[1] = heads.nb[2];
+  rows.nb[2] = rows.nb[3] = heads.nb[2] * size_t(heads.ne[2]);
+  return rows;
+}
+
 std::string Tensor::describe() const {
   std::string dims;
   for (int d = 0; d < std::max(n_dims, 1); ++d) dims += fmt::format("{}{}", d ? ", " : "", ne[d]);

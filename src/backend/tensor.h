@@ -64,4 +64,10 @@ struct Tensor {
   std::string describe() const;
 };
 
+// Heads {head_dim, heads, tokens} seen as rows {heads * head_dim, tokens}, one row a token, the
+// tokens as strided as they were (q/k/v as column ranges of one buffer). Each token's heads
+// must lie one after the other: heads_packed says whether they do.
+bool heads_packed(const Tensor& heads);
+Tensor heads_as_rows(const Tensor& heads);
+
 }  // namespace kiln

@@ -68,23 +68,6 @@ cuda::KvStoreArgs kv_store_args(const Tensor& k, const Tensor& v, KvLayer& cache
   return a;
 }
 
-// k's heads {head_dim, heads, tokens} as the cache store's key rows {heads * head_dim,
-// tokens}, one row a token, the tokens as strided as they were. Empty where a token's heads
-// are not packed one after the other.
-Tensor key_rows(const Tensor& k_heads) {
-  if (k_heads.dtype != GgmlType::F32 || k_heads.nb[0] != 4 || k_heads.nb[1] != size_t(k_heads.ne[0]) * 4 ||
-      k_heads.ne[3] != 1)
-    return {};
-  Tensor rows = k_heads;
-  rows.n_dims = 2;
-  rows.ne[0] = k_heads.ne[0] * k_heads.ne[1];
-  rows.ne[1] = k_heads.ne[2];
-  rows.ne[2] = 1;
-  rows.nb[1] = k_heads.nb[2];
-  rows.nb[2] = rows.nb[3] = rows.nb[1] * size_t(rows.ne[1]);
-  return rows;
-}
-
 // KILN_CUDA_PREFILL_ROPE_STORE=0: prefill runs the plain kernels (head norms, rope q, rope k,
 // kv_store) instead of one rope_store_rows launch (to measure what it saves).
 bool prefill_rope_store_enabled() {
@@ -151,8 +134,8 @@ bool CudaBackend::record_rope_store_rows(Tensor& q_heads, Tensor& k_heads, const
                                          const cuda::HeadNorms& norms) {
   // Tokens may be strided (q/k/v as column ranges of one buffer: the joined prefill products,
   // prefers_joined_parts); each token's heads must be packed.
-  const Tensor k_rows = key_rows(k_heads);
-  if (k_rows.empty()) return false;
+  if (!heads_packed(k_heads)) return false;
+  const Tensor k_rows = heads_as_rows(k_heads);
   const cuda::RopeArgs q = rope_args(q_heads, positions, p), k = rope_args(k_heads, positions, p);
   const cuda::KvStoreArgs st = kv_store_args(k_rows, v, cache, slots);
   // The table's pointer is known before it is written: check the layout with a stand-in
