@@ -70,7 +70,6 @@ bool heads_packed(const Tensor& heads) {
 }
 
 Tensor heads_as_rows(const Tensor& heads) {
-  if (heads.is_contiguous()) return heads.reshape({heads.ne[0] * heads.ne[1], heads.ne[2]});
   KILN_CHECK(heads_packed(heads), "heads {} {}: a token's heads are not packed", heads.name, heads.describe());
   Tensor rows = heads;
   rows.n_dims = 2;

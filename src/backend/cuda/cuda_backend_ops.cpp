@@ -77,7 +77,7 @@ void CudaBackend::rmsnorm(const Tensor& x, const Tensor& weight, float eps, Tens
 
 bool CudaBackend::record_norm(const cuda::RmsNormArgs& a, const cuda::SignatureHash& sig, int64_t tokens,
                               const char* op) {
-  if (holds_half_sources(tokens) && !a.q8 && cuda::rmsnorm_writes_half(a)) {
+  if (holds_half_sources(tokens) && cuda::rmsnorm_writes_half(a)) {  // (never with an int8 copy)
     hold_half_source({sig, tokens, op, a.y, a.dim, a.rows, a.y_stride,
                       [a](cudaStream_t s, void* half, bool bf16) {
                         cuda::RmsNormArgs with_copy = a;
